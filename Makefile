@@ -1,0 +1,31 @@
+# The two commands of the lab (see README.md): `make run` and `make test`.
+# Each creates .venv and installs requirements.txt plus labsupport (editable) on first use;
+# later calls find the stamp file and skip the installs.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test data clean
+
+$(STAMP): requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed: set PYTHON=python3.11")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m labsupport data
+	$(PY) -m labsupport baseline
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+data: $(STAMP)
+	$(PY) -m labsupport data
+
+clean:
+	rm -rf $(VENV) build results data/lab-shapes

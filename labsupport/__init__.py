@@ -1,0 +1,22 @@
+"""labsupport: the helper package of the PyTorch Performance Lab (``import labsupport as ls``).
+
+One module per idea; read any of them in one sitting:
+
+- ``hardware``: the device, the machine description, device classes and scale profiles.
+- ``dataset``: the generated lab dataset (JPEG, ImageFolder layout) and its manifest.
+- ``pipeline``: the naive input pipeline that notebooks 01 and 02 profile and fix.
+- ``train``: ResNet-18 and one training step with every knob the lab teaches.
+- ``measure``: steady-state timing, paired A/B speedups, phase breakdowns, one-off timings.
+- ``memory``: peak bytes of a step on any device, and bytes saved for backward.
+- ``results``: the results store (one JSON file per stage) and its DataFrame view.
+
+Importing it only imports: no seeding, no backend flags, no downloads. Call ``ls.setup()``.
+"""
+
+from . import dataset, hardware, measure, memory, pipeline, results, train
+from .hardware import Lab, Profile, describe_machine, pick_device, profile_for, setup
+from .train import StepConfig, TrainStep, make_step
+
+__all__ = ["dataset", "hardware", "measure", "memory", "pipeline", "results", "train",
+           "Lab", "Profile", "describe_machine", "pick_device", "profile_for", "setup",
+           "StepConfig", "TrainStep", "make_step"]

@@ -1,0 +1,238 @@
+"""The machine the lab runs on: which device, what it can do, and how big each lesson should be.
+
+Every result the lab records carries a :class:`Machine` description, and every notebook sizes its
+work with the :class:`Profile` of the machine's *device class*, so that a lesson shows on a
+laptop CPU, a Colab T4 and an A100 alike while each notebook stays inside its time budget.
+
+Device classes (see ``../shared/design.md``):
+
+=================  ==========================================================================
+``cuda-tensorcore``  NVIDIA GPU with compute capability 7.0 or newer (tensor cores: fp16 AMP pays)
+``cuda``             older NVIDIA GPU
+``mps``              Apple silicon GPU
+``cpu-bf16``         CPU with AMX or AVX-512 BF16 units (bf16 autocast pays when convolutions are big)
+``cpu``              any other CPU
+=================  ==========================================================================
+
+Overrides (environment variables, read when called, never on import):
+
+- ``LAB_DEVICE=cpu|cuda|mps`` forces the device.
+- ``LAB_PROFILE=<name>[:field=value,...]`` picks another profile, e.g. ``LAB_PROFILE=tiny`` for
+  tests or ``LAB_PROFILE=cpu-bf16:batch_size=16``. The tiny profile never grades speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEVICE_CLASSES = ("cuda-tensorcore", "cuda", "mps", "cpu-bf16", "cpu")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much work one measurement does on a device class (Used by: every notebook)."""
+
+    name: str  # the profile's name: a device class, or "tiny" for tests
+    image_size: int  # training resolution in px; the lab's JPEGs are larger, as ImageNet's are
+    batch_size: int  # images per optimizer step
+    warmup_steps: int  # steps run and discarded before timing (allocator, caches, autotuning)
+    measure_steps: int  # steps timed for one throughput measurement
+    rounds: int  # interleaved A/B rounds in a paired comparison
+    steps_per_round: int  # steps each side runs in one round of a paired comparison
+    train_steps: int  # steps of the short training run that checks accuracy parity
+    grades_speed: bool = True  # False for profiles too small for a speedup to mean anything
+
+
+# Why these sizes: on the CI machine class (2 cores with AMX) a ResNet-18 step at 112 px, batch 32
+# takes about 0.9 s in fp32 and bf16 autocast is 1.8x faster there, while at 32 px bf16 is *slower*
+# (AMX needs enough work per convolution; design brief). GPU profiles use a larger batch so the
+# GPU is busy enough that the naive input pipeline, not the model, becomes the bottleneck.
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile("cuda-tensorcore", image_size=128, batch_size=128, warmup_steps=10,
+                measure_steps=40, rounds=7, steps_per_round=10, train_steps=400),
+        Profile("cuda", image_size=128, batch_size=64, warmup_steps=5,
+                measure_steps=30, rounds=7, steps_per_round=6, train_steps=300),
+        Profile("mps", image_size=112, batch_size=64, warmup_steps=5,
+                measure_steps=20, rounds=5, steps_per_round=4, train_steps=200),
+        Profile("cpu-bf16", image_size=112, batch_size=32, warmup_steps=2,
+                measure_steps=8, rounds=5, steps_per_round=2, train_steps=120),
+        Profile("cpu", image_size=64, batch_size=32, warmup_steps=2,
+                measure_steps=8, rounds=5, steps_per_round=3, train_steps=150),
+        Profile("tiny", image_size=32, batch_size=8, warmup_steps=1,
+                measure_steps=3, rounds=3, steps_per_round=1, train_steps=20, grades_speed=False),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the lab ran on; stored with every result (Used by: every notebook, 06_report)."""
+
+    device: str  # torch device type the lab uses: "cuda", "mps" or "cpu"
+    device_class: str  # one of DEVICE_CLASSES
+    device_name: str  # GPU name, or the CPU model for CPU runs
+    compute_capability: str | None  # "8.0" for an A100; None off CUDA
+    cpu_model: str  # from /proc/cpuinfo or platform
+    cpu_cores: int  # cores this process may use (affinity), not the host's total
+    torch_threads: int  # torch.get_num_threads(): intra-op threads used for CPU work
+    bf16: bool  # bf16 autocast is supported *and fast* on the device
+    cpu_bf16_units: str  # "amx", "avx512_bf16" or "none"
+    torch_version: str
+    torchvision_version: str
+    python_version: str
+    platform: str
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def pick_device() -> torch.device:
+    """CUDA, then MPS, then CPU, unless ``LAB_DEVICE`` says otherwise (Used by: every notebook)."""
+    forced = os.environ.get("LAB_DEVICE", "").strip().lower()
+    if forced:
+        if forced not in ("cpu", "cuda", "mps"):
+            raise ValueError(f"LAB_DEVICE={forced!r}: use one of cpu, cuda, mps, or unset it.")
+        if forced == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("LAB_DEVICE=cuda but torch sees no CUDA GPU; unset LAB_DEVICE.")
+        if forced == "mps" and not torch.backends.mps.is_available():
+            raise RuntimeError("LAB_DEVICE=mps but MPS is not available; unset LAB_DEVICE.")
+        return torch.device(forced)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _cpu_flags_and_model() -> tuple[set[str], str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:  # macOS, Windows: no /proc
+        return set(), platform.processor() or platform.machine()
+    flags = re.search(r"^flags\s*:\s*(.*)$", text, re.MULTILINE)
+    model = re.search(r"^model name\s*:\s*(.*)$", text, re.MULTILINE)
+    return (set(flags.group(1).split()) if flags else set(),
+            model.group(1).strip() if model else platform.machine())
+
+
+def cpu_bf16_units(flags: set[str]) -> str:
+    """Name the CPU's bf16 matrix units from its feature flags: "amx", "avx512_bf16" or "none"."""
+    if "amx_bf16" in flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512_bf16"
+    return "none"
+
+
+def classify(device: str, compute_capability: str | None, cpu_units: str) -> str:
+    """Map a device to its device class (Used by: describe_machine, the autograder's thresholds)."""
+    if device == "cuda":
+        major = int(str(compute_capability or "0").split(".")[0])
+        return "cuda-tensorcore" if major >= 7 else "cuda"
+    if device == "mps":
+        return "mps"
+    return "cpu-bf16" if cpu_units != "none" else "cpu"
+
+
+def describe_machine(device: torch.device | None = None) -> Machine:
+    """Describe this machine and classify it (Used by: every notebook's first cell)."""
+    import torchvision  # imported here: labsupport.hardware itself must not need it
+
+    device = device or pick_device()
+    flags, cpu_model = _cpu_flags_and_model()
+    units = cpu_bf16_units(flags)
+    capability = None
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        capability = f"{major}.{minor}"
+        name = torch.cuda.get_device_name(device)
+        bf16 = torch.cuda.is_bf16_supported()
+    elif device.type == "mps":
+        name, bf16 = "Apple MPS", False  # bf16 autocast on MPS is new and not faster; fp16 is
+    else:
+        name, bf16 = cpu_model, units != "none"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return Machine(
+        device=device.type,
+        device_class=classify(device.type, capability, units),
+        device_name=name,
+        compute_capability=capability,
+        cpu_model=cpu_model,
+        cpu_cores=cores,
+        torch_threads=torch.get_num_threads(),
+        bf16=bf16,
+        cpu_bf16_units=units,
+        torch_version=torch.__version__,
+        torchvision_version=torchvision.__version__,
+        python_version=platform.python_version(),
+        platform=platform.platform(),
+    )
+
+
+def profile_for(device_class: str, override: str | None = None) -> Profile:
+    """The scale profile for a device class, with ``LAB_PROFILE`` applied (Used by: every notebook).
+
+    ``override`` (default: the ``LAB_PROFILE`` variable) is ``name`` or ``name:field=value,...``.
+    """
+    spec = os.environ.get("LAB_PROFILE", "") if override is None else override
+    name, _, fields = spec.strip().partition(":")
+    name = name or device_class
+    if name not in PROFILES:
+        raise ValueError(f"Unknown profile {name!r} (from LAB_PROFILE); choose one of "
+                         f"{', '.join(PROFILES)}, optionally followed by ':batch_size=16,...'.")
+    profile = PROFILES[name]
+    editable = [f.name for f in dataclasses.fields(Profile) if f.name != "name"]
+    changes = {}
+    for item in filter(None, (f.strip() for f in fields.split(","))):
+        key, _, value = item.partition("=")
+        if key not in editable:
+            raise ValueError(f"LAB_PROFILE: {key!r} is not a profile field; fields are "
+                             f"{', '.join(editable)}.")
+        changes[key] = value.lower() in ("1", "true", "yes") if key == "grades_speed" else int(value)
+    if changes:
+        # An edited profile is no longer the class's reference scale: name it so results say so.
+        changes["name"] = f"{name}:" + ",".join(f"{k}={v}" for k, v in changes.items())
+    return dataclasses.replace(profile, **changes)
+
+
+@dataclass(frozen=True)
+class Lab:
+    """Everything a notebook decides once in its first cell (Used by: every notebook)."""
+
+    device: torch.device  # where tensors and the model live
+    machine: Machine  # what it runs on; stored with every result
+    profile: Profile  # how much work each measurement does here
+    seed: int  # seed for torch, numpy and random
+
+    def show(self) -> None:
+        """Print the machine and profile as two small tables (pandas, for notebooks and terminals)."""
+        import pandas as pd
+
+        with pd.option_context("display.max_colwidth", 70):
+            print(pd.Series(self.machine.as_dict(), name="machine").to_string(), "\n")
+            print(pd.Series(dataclasses.asdict(self.profile), name="profile").to_string())
+
+
+def setup(seed: int = 0, show: bool = True) -> Lab:
+    """Pick the device, describe the machine, choose the profile and seed RNGs (Used by: 01-06)."""
+    from .train import seed_everything
+
+    device = pick_device()
+    machine = describe_machine(device)
+    lab = Lab(device, machine, profile_for(machine.device_class), seed)
+    seed_everything(seed)
+    if show:
+        lab.show()
+    return lab

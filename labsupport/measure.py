@@ -1,0 +1,236 @@
+"""Timing you can trust: one path for steady-state step times, paired A/B speedups, phase breakdowns.
+
+The rules this module encodes, each a bug the lab teaches:
+
+- **Warm up first.** The first steps pay for allocator growth, cuDNN autotuning, lazy init and
+  compilation; they are run and thrown away.
+- **Synchronise.** CUDA kernels run asynchronously: a host clock read right after a launch
+  measures the launch, not the work. On CUDA, step times come from CUDA events recorded around
+  each step (read after one final synchronise, so steps still overlap as they would in training);
+  host-clock timings synchronise before each clock read.
+- **Report a distribution.** Median and interquartile range, plus p50/p95/p99, never one run.
+- **Compare in pairs.** This machine's speed drifts (turbo, other tenants, thermal). A speedup is
+  the median of per-round ratios from interleaved rounds (A B, B A, A B, ...), so both sides see
+  the same drift.
+
+``torch.utils.benchmark.Timer.blocked_autorange`` follows the same rules, but it reports the mean
+of blocks of calls; a training step is long enough to time one at a time, and we want its
+per-step percentiles, so steady-state timing is done here with the same care.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for the device to finish queued work (Used by: every timing in the lab)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and spread of a sample (Used by: StepTimes, Comparison)."""
+
+    median: float
+    q1: float  # 25th percentile
+    q3: float  # 75th percentile
+    low: float  # minimum
+    high: float  # maximum
+    n: int
+
+    @classmethod
+    def of(cls, values) -> Spread:
+        v = np.asarray(values, dtype=float)
+        if v.size == 0:
+            raise ValueError("Cannot summarise an empty sample: measure at least one step.")
+        q1, med, q3 = np.percentile(v, [25, 50, 75])
+        return cls(float(med), float(q1), float(q3), float(v.min()), float(v.max()), int(v.size))
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    def __str__(self) -> str:
+        return f"{self.median:.3g} (IQR {self.q1:.3g}-{self.q3:.3g}, n={self.n})"
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Per-step wall times of a steady-state run (Used by: notebooks 01-06)."""
+
+    times_ms: tuple[float, ...]  # one entry per measured step, in order
+    samples_per_step: int  # images one step consumes (batch size x accumulation steps)
+    method: str  # "cuda-events" or "host-clock"
+    threads: int  # torch intra-op threads during the run
+
+    @property
+    def ms(self) -> Spread:
+        return Spread.of(self.times_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return self.ms.median
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.times_ms, q))
+
+    @property
+    def samples_per_s(self) -> float:
+        """Throughput at the median step time."""
+        return self.samples_per_step / (self.median_ms / 1000)
+
+    def summary(self) -> dict:
+        """Flat numbers for the results store and tables."""
+        s = self.ms
+        return {"samples_per_s": self.samples_per_s, "median_ms": s.median, "iqr_ms": s.iqr,
+                "p50_ms": self.percentile_ms(50), "p95_ms": self.percentile_ms(95),
+                "p99_ms": self.percentile_ms(99), "steps": s.n, "timing": self.method}
+
+
+def time_steps(step: Callable[[], object], device: torch.device | str, *, warmup: int,
+               steps: int, samples_per_step: int = 1, progress: bool = False) -> StepTimes:
+    """Time ``steps`` calls of ``step`` after ``warmup`` discarded ones (Used by: 01-06).
+
+    This is the lab's one steady-state timing path.
+    """
+    device = torch.device(device)
+    for _ in range(warmup):
+        step()
+    sync(device)
+    loop = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+        loop = tqdm(loop, desc="timing steps", leave=False)
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(steps)]
+        for _, (start, end) in zip(loop, events):
+            start.record()
+            step()
+            end.record()
+        sync(device)
+        times = [start.elapsed_time(end) for start, end in events]
+        method = "cuda-events"
+    else:
+        times = []
+        for _ in loop:
+            t0 = time.perf_counter()
+            step()
+            sync(device)
+            times.append((time.perf_counter() - t0) * 1000)
+        method = "host-clock"
+    return StepTimes(tuple(times), samples_per_step, method, torch.get_num_threads())
+
+
+def one_off_s(fn: Callable[[], object], device: torch.device | str) -> float:
+    """Wall seconds of one call, synchronised before both clock reads (Used by: 05, 06).
+
+    For things that happen once: compile time, first-step latency, an epoch.
+    """
+    device = torch.device(device)
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A paired A/B speed comparison (Used by: the grading checks, notebooks 02-06)."""
+
+    baseline_s: tuple[float, ...]  # seconds the baseline took, per round
+    candidate_s: tuple[float, ...]  # seconds the candidate took, per round
+    steps_per_round: int
+
+    @property
+    def ratios(self) -> tuple[float, ...]:
+        """Per-round speedups: baseline time / candidate time (above 1 means faster)."""
+        return tuple(b / c for b, c in zip(self.baseline_s, self.candidate_s))
+
+    @property
+    def speedup(self) -> Spread:
+        return Spread.of(self.ratios)
+
+    def summary(self) -> dict:
+        s = self.speedup
+        per_step = 1000 / self.steps_per_round
+        return {"speedup": s.median, "speedup_q1": s.q1, "speedup_q3": s.q3,
+                "speedup_low": s.low, "speedup_high": s.high, "rounds": s.n,
+                "baseline_ms": float(np.median(self.baseline_s)) * per_step,
+                "candidate_ms": float(np.median(self.candidate_s)) * per_step}
+
+    def __str__(self) -> str:
+        return f"speedup {self.speedup} over {self.speedup.n} interleaved rounds"
+
+
+def compare(baseline: Callable[[], object], candidate: Callable[[], object],
+            device: torch.device | str, *, rounds: int, steps_per_round: int, warmup: int = 1,
+            progress: bool = False) -> Comparison:
+    """Speedup of ``candidate`` over ``baseline``, measured in interleaved rounds (Used by: 02-06).
+
+    Each round times ``steps_per_round`` calls of each side; the order alternates (A B, then
+    B A) so that neither side always runs on a warmer or cooler machine.
+    """
+    device = torch.device(device)
+    for _ in range(warmup):
+        baseline()
+        candidate()
+
+    def block(fn: Callable[[], object]) -> float:
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(steps_per_round):
+            fn()
+        sync(device)
+        return time.perf_counter() - t0
+
+    loop = range(rounds)
+    if progress:
+        from tqdm.auto import tqdm
+        loop = tqdm(loop, desc="paired rounds", leave=False)
+    base_s, cand_s = [], []
+    for r in loop:
+        if r % 2 == 0:
+            base_s.append(block(baseline))
+            cand_s.append(block(candidate))
+        else:
+            cand_s.append(block(candidate))
+            base_s.append(block(baseline))
+    return Comparison(tuple(base_s), tuple(cand_s), steps_per_round)
+
+
+class PhaseClock:
+    """Stamps the phases of a step with a host clock, synchronising at each mark (Used by: 01, 02).
+
+    Synchronising at every phase boundary removes the overlap a free-running step has, so the
+    phases add up to a bit more than a real step: use the breakdown for *shares*, and
+    :func:`time_steps` for speed.
+    """
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.totals_s: dict[str, float] = defaultdict(float)
+        self._last = 0.0
+
+    def start(self) -> None:
+        sync(self.device)
+        self._last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """Charge the time since the previous mark to ``phase`` (accumulates within a step)."""
+        sync(self.device)
+        now = time.perf_counter()
+        self.totals_s[phase] += now - self._last
+        self._last = now

@@ -1,0 +1,126 @@
+"""Memory you can compare across devices: peak bytes of a training step, and saved activations.
+
+- On CUDA, peak memory is ``torch.cuda.max_memory_allocated`` after a reset: the caching
+  allocator's own count of bytes handed to tensors.
+- On CPU (and MPS) there is no allocator counter, and process RSS mixes in the Python heap,
+  library code and pages the OS has not reclaimed. So :class:`TensorBytes` counts what torch
+  itself allocated: a ``TorchDispatchMode`` sees every tensor an op creates, adds its storage's
+  bytes, and subtracts them when the storage is freed (a ``weakref.finalize`` fires when the
+  C++ storage dies, because torch preserves a storage's Python object while C++ still owns it).
+- On any device, :func:`saved_activation_bytes` counts the bytes autograd keeps for backward,
+  through ``torch.autograd.graph.saved_tensors_hooks``: the number activation checkpointing and
+  mixed precision shrink.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+def _storage_ptrs(tree) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tree_flatten(tree)[0]
+            if isinstance(t, torch.Tensor)}
+
+
+class TensorBytes(TorchDispatchMode):
+    """Count bytes of tensor storage created inside a ``with`` block, and their peak.
+
+    Only storages *allocated* inside the block count: views, in-place results and tensors
+    that existed before (parameters, a batch already loaded) do not. ``live_bytes`` is what is
+    still allocated now, ``peak_bytes`` the most that was allocated at once.
+    (Used by: :func:`peak_step_bytes`, notebooks 03 and 04.)
+    """
+
+    def __init__(self, device_type: str = "cpu"):
+        super().__init__()
+        self.device_type = device_type
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._tracked: set[int] = set()  # id() of storages counted and not yet freed
+
+    def _free(self, key: int, nbytes: int) -> None:
+        self._tracked.discard(key)
+        self.live_bytes -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = _storage_ptrs((args, kwargs))  # an output sharing one of these is an alias
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+                continue
+            storage = t.untyped_storage()
+            if storage.data_ptr() in inputs or id(storage) in self._tracked:
+                continue
+            nbytes = storage.nbytes()
+            self._tracked.add(id(storage))
+            self.live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            weakref.finalize(storage, self._free, id(storage), nbytes)
+        return out
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Peak bytes of one call and bytes still held after it (Used by: notebooks 03, 04, 06)."""
+
+    peak_bytes: int  # most bytes allocated at once during the call, above what it started with
+    retained_bytes: int  # bytes the call allocated and did not free (e.g. optimizer state)
+    method: str  # how the bytes were counted: "cuda-allocator" or "torch-dispatch"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryReport:
+    """Peak bytes torch allocates while ``fn()`` runs (Used by: notebooks 01, 03, 04).
+
+    Run one warm-up call first, so one-off allocations (optimizer state) are not in the peak.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        _sync(device)
+        start = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        _sync(device)
+        peak = torch.cuda.max_memory_allocated(device) - start
+        return MemoryReport(peak, torch.cuda.memory_allocated(device) - start, "cuda-allocator")
+    with TensorBytes(device.type) as counter:
+        fn()
+        _sync(device)
+    return MemoryReport(counter.peak_bytes, counter.live_bytes, "torch-dispatch")
+
+
+def saved_activation_bytes(fn: Callable[[], object], model: torch.nn.Module | None = None) -> int:
+    """Bytes autograd saves for backward while ``fn()`` runs its forward (Used by: 03, 04).
+
+    Each storage counts once (a ReLU output that the next layer also saves is one tensor), and
+    the model's parameters do not count: they exist whether or not anything is saved. Call it
+    on a forward pass only (``lambda: loss_fn(model(x), y)``), before backward frees the graph.
+    """
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
+    seen: set[tuple[str, int]] = set()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        if storage.data_ptr() not in params and key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total

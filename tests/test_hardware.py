@@ -1,0 +1,80 @@
+"""Device classes, scale profiles and the machine description."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from labsupport import hardware
+from labsupport.hardware import PROFILES, classify, cpu_bf16_units, profile_for
+
+
+@pytest.mark.parametrize("device, capability, units, expected", [
+    ("cuda", "8.0", "none", "cuda-tensorcore"),  # A100
+    ("cuda", "7.5", "amx", "cuda-tensorcore"),  # T4 (the CPU does not matter)
+    ("cuda", "6.1", "none", "cuda"),  # P4 / GTX 10xx: no tensor cores
+    ("mps", None, "none", "mps"),
+    ("cpu", None, "amx", "cpu-bf16"),
+    ("cpu", None, "avx512_bf16", "cpu-bf16"),
+    ("cpu", None, "none", "cpu"),
+])
+def test_classify(device, capability, units, expected):
+    assert classify(device, capability, units) == expected
+
+
+def test_bf16_units_from_cpu_flags():
+    assert cpu_bf16_units({"avx2", "amx_bf16", "avx512_bf16"}) == "amx"
+    assert cpu_bf16_units({"avx512f", "avx512_bf16"}) == "avx512_bf16"
+    assert cpu_bf16_units({"avx2", "avx512f"}) == "none"
+
+
+def test_this_machine_is_classified_from_its_cpu_flags(monkeypatch):
+    monkeypatch.delenv("LAB_DEVICE", raising=False)
+    machine = hardware.describe_machine()
+    assert machine.device_class in hardware.DEVICE_CLASSES
+    assert machine.torch_version == torch.__version__ and machine.cpu_cores >= 1
+    if torch.cuda.is_available():
+        pytest.skip("a GPU machine: the CPU-class expectation below does not apply")
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo to check against")
+    flags = set(next(line for line in cpuinfo.read_text().splitlines()
+                     if line.startswith("flags")).split(":")[1].split())
+    expected = "cpu-bf16" if {"amx_bf16", "avx512_bf16"} & flags else "cpu"
+    assert machine.device_class == expected and machine.bf16 == (expected == "cpu-bf16")
+
+
+def test_lab_device_forces_cpu(monkeypatch):
+    monkeypatch.setenv("LAB_DEVICE", "cpu")
+    assert hardware.pick_device().type == "cpu"
+    monkeypatch.setenv("LAB_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="LAB_DEVICE"):
+        hardware.pick_device()
+
+
+def test_every_class_has_a_profile_that_grades_speed():
+    for cls in hardware.DEVICE_CLASSES:
+        assert PROFILES[cls].grades_speed
+    assert not PROFILES["tiny"].grades_speed
+
+
+def test_profile_override(monkeypatch):
+    monkeypatch.delenv("LAB_PROFILE", raising=False)
+    assert profile_for("cpu-bf16") == PROFILES["cpu-bf16"]
+    monkeypatch.setenv("LAB_PROFILE", "tiny")
+    assert profile_for("cpu-bf16") == PROFILES["tiny"]
+    p = profile_for("cpu", override="cpu-bf16:batch_size=16,measure_steps=4")
+    assert (p.batch_size, p.measure_steps, p.image_size) == (16, 4, 112)
+    assert p.name == "cpu-bf16:batch_size=16,measure_steps=4"  # results say it was edited
+    with pytest.raises(ValueError, match="Unknown profile"):
+        profile_for("cpu", override="huge")
+    with pytest.raises(ValueError, match="not a profile field"):
+        profile_for("cpu", override="cpu:colour=3")
+
+
+def test_setup_returns_device_machine_and_profile(monkeypatch, capsys):
+    monkeypatch.setenv("LAB_PROFILE", "tiny")
+    lab = hardware.setup(seed=3)
+    out = capsys.readouterr().out
+    assert lab.profile.name == "tiny" and lab.seed == 3
+    assert "device_class" in out and "image_size" in out

@@ -1,0 +1,87 @@
+"""The timing path: paired comparisons recover known ratios; step timing warms up and syncs."""
+
+import time
+
+import pytest
+import torch
+
+from labsupport import measure
+from conftest import requires_cuda
+
+
+def _matmul_work(repeats: int):
+    a = torch.randn(384, 384)
+    out = torch.empty_like(a)
+
+    def work():
+        for _ in range(repeats):
+            torch.mm(a, a, out=out)
+    return work
+
+
+def test_paired_comparison_recovers_a_2x_workload():
+    single, double = _matmul_work(12), _matmul_work(24)
+    result = measure.compare(double, single, "cpu", rounds=9, steps_per_round=4, warmup=2)
+    assert 1.8 <= result.speedup.median <= 2.2, (
+        f"twice the work should measure as a 2x speedup, got {result}")
+
+
+def test_paired_comparison_of_a_workload_with_itself_is_one():
+    work = _matmul_work(12)
+    result = measure.compare(work, work, "cpu", rounds=9, steps_per_round=4, warmup=2)
+    assert 0.95 <= result.speedup.median <= 1.05, f"A against A should be 1.0x, got {result}"
+
+
+def test_paired_rounds_alternate_order():
+    calls = []
+    measure.compare(lambda: calls.append("A"), lambda: calls.append("B"), "cpu",
+                    rounds=3, steps_per_round=1, warmup=0)
+    assert "".join(calls) == "ABBAAB"
+
+
+def test_time_steps_discards_warmup_and_reports_percentiles():
+    calls = []
+
+    def step():
+        calls.append(1)
+        time.sleep(0.02 if len(calls) <= 2 else 0.005)  # two slow "first" steps
+
+    timing = measure.time_steps(step, "cpu", warmup=2, steps=10, samples_per_step=8)
+    assert len(calls) == 12 and len(timing.times_ms) == 10
+    assert 4.5 <= timing.median_ms < 15, f"warm-up steps leaked into the timing: {timing.ms}"
+    assert timing.percentile_ms(50) <= timing.percentile_ms(95) <= timing.percentile_ms(99)
+    assert timing.samples_per_s == pytest.approx(8 / (timing.median_ms / 1000))
+    assert timing.summary()["timing"] == "host-clock"
+
+
+def test_one_off_timing_measures_one_call():
+    assert 0.045 <= measure.one_off_s(lambda: time.sleep(0.05), "cpu") < 0.2
+
+
+def test_empty_sample_is_a_clear_error():
+    with pytest.raises(ValueError, match="at least one step"):
+        measure.Spread.of([])
+
+
+def test_phase_clock_accumulates_marks():
+    clock = measure.PhaseClock("cpu")
+    clock.start()
+    time.sleep(0.01)
+    clock.mark("forward")
+    time.sleep(0.01)
+    clock.mark("forward")
+    assert clock.totals_s["forward"] >= 0.02
+
+
+@requires_cuda
+def test_cuda_step_times_include_asynchronous_work():
+    a = torch.randn(4096, 4096, device="cuda")
+
+    def launch_only():
+        for _ in range(20):
+            a @ a  # queued, not finished, when this returns
+
+    synced = measure.one_off_s(launch_only, "cuda")
+    timing = measure.time_steps(launch_only, "cuda", warmup=2, steps=5)
+    assert timing.method == "cuda-events"
+    assert timing.median_ms >= 0.5 * synced * 1000, "CUDA step times missed queued kernels"

@@ -1,0 +1,83 @@
+"""Memory counts: a known allocation is detected exactly; saved activations match a hand count."""
+
+import pytest
+import torch
+from torch import nn
+
+from labsupport.memory import TensorBytes, peak_step_bytes, saved_activation_bytes
+from conftest import requires_cuda
+
+MB = 1_000_000
+
+
+def test_cpu_peak_detects_a_known_allocation():
+    report = peak_step_bytes(lambda: torch.empty(10 * MB, dtype=torch.float32), "cpu")
+    assert report.peak_bytes == pytest.approx(40 * MB, rel=0.05)
+    assert report.retained_bytes == 0 and report.method == "torch-dispatch"
+
+
+def test_cpu_peak_is_the_most_alive_at_once_not_the_sum():
+    def fn():
+        a = torch.empty(10 * MB, dtype=torch.uint8)
+        del a
+        b = torch.empty(6 * MB, dtype=torch.uint8)
+        c = b.view(-1)[:100]  # a view allocates nothing
+        b.add_(1)  # nor does an in-place op
+        return c
+
+    assert peak_step_bytes(fn, "cpu").peak_bytes == pytest.approx(10 * MB, rel=0.05)
+
+
+def test_cpu_peak_sees_an_extra_allocation_inside_a_training_step():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+
+    def step(extra_bytes=0):
+        hold = torch.empty(extra_bytes, dtype=torch.uint8)  # alive for the whole step
+        nn.functional.cross_entropy(net(x), y).backward()
+        return hold
+
+    step()
+    plain = peak_step_bytes(step, "cpu").peak_bytes
+    extra = peak_step_bytes(lambda: step(50 * MB), "cpu").peak_bytes
+    assert extra - plain == pytest.approx(50 * MB, rel=0.05), (
+        f"an extra 50 MB held during the step raised the peak by {(extra - plain) / MB:.1f} MB")
+
+
+def test_tensors_that_existed_before_do_not_count():
+    before = torch.ones(MB)
+    with TensorBytes() as counter:
+        before.mul_(2)
+        view = before[10:]
+    assert counter.peak_bytes == 0 and view.numel() == MB - 10
+
+
+def test_saved_activation_bytes_match_a_hand_count():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(4 * 8 * 8, 10))
+    x = torch.randn(2, 3, 8, 8)
+    # By hand: the conv saves its input x (2*3*8*8 floats) to compute the weight gradient; ReLU
+    # saves its output (2*4*8*8 floats); Linear saves its input, a flattened *view* of that same
+    # ReLU output (no new bytes); weights are parameters and do not count; sum() saves nothing.
+    expected = (2 * 3 * 8 * 8 + 2 * 4 * 8 * 8) * 4
+    assert saved_activation_bytes(lambda: net(x).sum(), net) == expected
+
+
+def test_bf16_autocast_saves_fewer_activation_bytes():
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+    x = torch.randn(2, 3, 16, 16)
+    fp32 = saved_activation_bytes(lambda: net(x).sum(), net)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = saved_activation_bytes(lambda: net(x).sum(), net)
+    assert bf16 < fp32
+
+
+@requires_cuda
+def test_cuda_peak_detects_a_known_allocation():
+    torch.cuda.synchronize()
+    report = peak_step_bytes(lambda: torch.empty(10 * MB, device="cuda"), "cuda")
+    assert report.peak_bytes == pytest.approx(40 * MB, rel=0.05)
+    assert report.method == "cuda-allocator"

@@ -1,0 +1,57 @@
+"""The results store round-trips and fails with errors that name the notebook to run."""
+
+import json
+
+import pytest
+
+from labsupport import results
+from labsupport.hardware import PROFILES, describe_machine
+from labsupport.train import StepConfig
+
+
+def test_round_trip(tmp_path):
+    machine = describe_machine()
+    path = results.record("01-baseline", {"samples_per_s": 123.4, "phases": {"forward": 0.5}},
+                          config=StepConfig(), machine=machine, profile=PROFILES["tiny"],
+                          directory=tmp_path)
+    assert path == tmp_path / "01-baseline.json"
+    rec = results.load("01-baseline", tmp_path)
+    assert rec["metrics"]["samples_per_s"] == 123.4
+    assert rec["config"] == StepConfig().as_dict()
+    assert rec["machine"] == machine.as_dict()
+    assert rec["profile"]["name"] == "tiny"
+    results.record("03-amp", {"samples_per_s": 200.0}, machine=machine, directory=tmp_path)
+    frame = results.load_all(tmp_path, required=["01-baseline", "03-amp"])
+    assert list(frame["stage"]) == ["01-baseline", "03-amp"]
+    assert list(frame["samples_per_s"]) == [123.4, 200.0]
+    assert set(frame["device_class"]) == {machine.device_class}
+
+
+def test_results_dir_follows_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "r"))
+    results.record("02-loader", {"x": 1}, machine={"device_class": "cpu"})
+    assert (tmp_path / "r" / "02-loader.json").exists()
+
+
+def test_missing_stage_names_the_notebook(tmp_path):
+    with pytest.raises(results.ResultsError, match="Run 02_data_loading.ipynb"):
+        results.load("02-loader", tmp_path)
+    with pytest.raises(results.ResultsError, match="'05-compile' \\(run 05_compile.ipynb\\)"):
+        results.load_all(tmp_path, required=["05-compile"])
+
+
+def test_malformed_file_names_file_and_notebook(tmp_path):
+    (tmp_path / "03-amp.json").write_text("{not json")
+    with pytest.raises(results.ResultsError, match="03-amp.json.*03_amp.ipynb"):
+        results.load("03-amp", tmp_path)
+    (tmp_path / "04-memory.json").write_text(json.dumps({"schema": 99}))
+    with pytest.raises(results.ResultsError, match="04_checkpointing.ipynb"):
+        results.load("04-memory", tmp_path)
+
+
+def test_bad_stage_name_and_unstorable_value(tmp_path):
+    with pytest.raises(ValueError, match="01-baseline"):
+        results.record("baseline", {}, machine={}, directory=tmp_path)
+    with pytest.raises(TypeError, match="Cannot store object"):
+        results.record("01-x", {"bad": object()}, machine={}, directory=tmp_path)
+    assert not (tmp_path / "01-x.json").exists()
