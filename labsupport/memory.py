@@ -101,12 +101,24 @@ def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryRep
     return MemoryReport(counter.peak_bytes, counter.live_bytes, "torch-dispatch")
 
 
-def saved_activation_bytes(fn: Callable[[], object], model: torch.nn.Module | None = None) -> int:
-    """Bytes autograd saves for backward while ``fn()`` runs its forward (Used by: 03, 04).
+def _is_parameter_cast(t: torch.Tensor) -> bool:
+    """True for a dtype cast of a leaf tensor, e.g. the bf16 copy of a weight that autocast makes.
 
-    Each storage counts once (a ReLU output that the next layer also saves is one tensor), and
-    the model's parameters do not count: they exist whether or not anything is saved. Call it
-    on a forward pass only (``lambda: loss_fn(model(x), y)``), before backward frees the graph.
+    Such copies scale with the parameter count, not with the batch: they are not activations.
+    """
+    fn = t.grad_fn
+    return (fn is not None and type(fn).__name__.startswith("ToCopyBackward")
+            and all(nxt is None or type(nxt).__name__ == "AccumulateGrad"
+                    for nxt, _ in fn.next_functions))
+
+
+def saved_activation_bytes(fn: Callable[[], object], model: torch.nn.Module | None = None) -> int:
+    """Bytes of activations autograd saves for backward while ``fn()`` runs (Used by: 03, 04).
+
+    Each storage counts once (a ReLU output that the next layer also saves is one tensor).
+    Parameters, and the low-precision copies of them that autocast saves, do not count: they
+    exist whatever the batch size. Call it on a forward pass only
+    (``lambda: loss_fn(model(x), y)``), before backward frees the graph.
     """
     params = {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
     seen: set[tuple[str, int]] = set()
@@ -116,7 +128,7 @@ def saved_activation_bytes(fn: Callable[[], object], model: torch.nn.Module | No
         nonlocal total
         storage = t.untyped_storage()
         key = (str(t.device), storage.data_ptr())
-        if storage.data_ptr() not in params and key not in seen:
+        if storage.data_ptr() not in params and key not in seen and not _is_parameter_cast(t):
             seen.add(key)
             total += storage.nbytes()
         return t
