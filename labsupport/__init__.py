@@ -9,14 +9,15 @@ One module per idea; read any of them in one sitting:
 - ``measure``: steady-state timing, paired A/B speedups, phase breakdowns, one-off timings.
 - ``memory``: peak bytes of a step on any device, and bytes saved for backward.
 - ``results``: the results store (one JSON file per stage) and its DataFrame view.
+- ``grading``: graded checks: thresholds per device class, verdicts, correctness partners.
 
 Importing it only imports: no seeding, no backend flags, no downloads. Call ``ls.setup()``.
 """
 
-from . import dataset, hardware, measure, memory, pipeline, results, train
+from . import dataset, grading, hardware, measure, memory, pipeline, results, train
 from .hardware import Lab, Profile, describe_machine, pick_device, profile_for, setup
 from .train import StepConfig, TrainStep, make_step
 
-__all__ = ["dataset", "hardware", "measure", "memory", "pipeline", "results", "train",
+__all__ = ["dataset", "grading", "hardware", "measure", "memory", "pipeline", "results", "train",
            "Lab", "Profile", "describe_machine", "pick_device", "profile_for", "setup",
            "StepConfig", "TrainStep", "make_step"]

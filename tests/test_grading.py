@@ -1,0 +1,125 @@
+"""The grading API: thresholds per class and calibration, verdicts with correctness partners,
+a fresh labsupport that notebook monkeypatching cannot reach, and partners that catch wrong work."""
+
+import pytest
+import torch
+from torch import nn
+
+import labsupport
+from labsupport import grading
+from labsupport.train import StepConfig, TrainStep
+
+AMX = {"device_class": "cpu-bf16", "device_name": "Intel(R) Xeon(R) Processor"}
+PLAIN_CPU = {"device_class": "cpu", "device_name": "Some laptop"}
+
+
+def test_class_defaults_and_not_applicable():
+    assert grading.threshold_for("03-amp-speedup", AMX) == (1.3, "higher", "")
+    threshold, better, why = grading.threshold_for("03-amp-speedup", PLAIN_CPU)
+    assert threshold is None and "no bf16 units" in why
+    result = grading.judge("03-amp-speedup", 0.8, PLAIN_CPU)
+    assert result.status == "n/a" and result.passed and "no bf16 units" in result.note
+
+
+def test_unknown_check_and_missing_file_are_clear(monkeypatch, tmp_path):
+    with pytest.raises(grading.GradingSetupError, match="known checks"):
+        grading.threshold_for("99-nothing", AMX)
+    monkeypatch.setenv("LAB_THRESHOLDS", str(tmp_path / "none.toml"))
+    with pytest.raises(grading.GradingSetupError, match="does not exist"):
+        grading.threshold_for("03-amp-speedup", AMX)
+
+
+def test_calibration_applies_only_to_its_machine(monkeypatch, tmp_path):
+    cal = tmp_path / "calibration.toml"
+    cal.write_text('[machine]\ndevice_class = "cpu-bf16"\ndevice_name = "Intel(R) Xeon(R) Processor"\n'
+                   '[thresholds]\n"03-amp-speedup" = 1.5\n')
+    monkeypatch.setenv("LAB_CALIBRATION", str(cal))
+    assert grading.threshold_for("03-amp-speedup", AMX)[0] == 1.5
+    other = {"device_class": "cpu-bf16", "device_name": "Another Xeon"}
+    assert grading.threshold_for("03-amp-speedup", other)[0] == 1.3
+
+
+@pytest.mark.parametrize("check, measured, status", [
+    ("03-amp-speedup", 1.31, "pass"), ("03-amp-speedup", 1.29, "fail"),
+    ("03-activation-ratio", 0.55, "pass"), ("03-activation-ratio", 0.65, "fail"),
+    ("03-amp-speedup", None, "fail"),
+])
+def test_judge_compares_in_the_right_direction(check, measured, status):
+    assert grading.judge(check, measured, AMX).status == status
+
+
+def test_fast_but_wrong_fails():
+    result = grading.judge("03-amp-speedup", 5.0, AMX, correct=False, why_incorrect="NaN weights")
+    assert result.status == "fail" and "NaN weights" in result.note and not result.passed
+
+
+def test_fresh_copy_ignores_monkeypatching(monkeypatch):
+    monkeypatch.setattr(labsupport.measure, "compare", lambda *a, **k: "fake speedup")
+    graded = grading.fresh()
+    assert graded.measure.compare is not labsupport.measure.compare
+    result = graded.measure.compare(lambda: None, lambda: None, "cpu", rounds=1, steps_per_round=1)
+    assert result.speedup.n == 1
+
+
+def test_table_shows_measured_threshold_and_result():
+    rows = grading.table([grading.judge("03-amp-speedup", 1.7, AMX),
+                          grading.judge("03-activation-ratio", 0.7, AMX)])
+    assert list(rows.columns) == ["check", "measured", "threshold", "result", "note"]
+    assert list(rows["result"]) == ["PASS", "FAIL"] and rows["threshold"][0] == ">= 1.3"
+
+
+def _batches(n=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g))
+            for _ in range(n)]
+
+
+def test_same_batches_catches_dropped_and_altered_batches():
+    assert grading.same_batches(_batches(), _batches()) == (True, "")
+    ok, why = grading.same_batches(_batches(), _batches()[:2])
+    assert not ok and "ended at batch 2" in why
+    altered = [(x + 0.01, y) for x, y in _batches()]
+    ok, why = grading.same_batches(_batches(), altered)
+    assert not ok and "pixel values differ" in why
+
+
+def test_same_epoch_labels_catches_dropped_samples():
+    labels = torch.arange(10).repeat(10)  # 100 samples
+    assert grading.same_epoch_labels(labels, labels[torch.randperm(100)][:96], batch_size=8)[0]
+    ok, why = grading.same_epoch_labels(labels, labels[:50], batch_size=8)
+    assert not ok and "50 of 100" in why
+    ok, why = grading.same_epoch_labels(labels, torch.cat([labels, labels[:5]]), batch_size=8)
+    assert not ok and "more often" in why
+
+
+def _small_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 10))
+
+
+def test_step_trains_accepts_a_real_step():
+    x, y = _batches(1)[0]
+    assert grading.step_trains(TrainStep(_small_net(), StepConfig(), "cpu"), x, y) == (True, "")
+
+
+def test_step_trains_catches_a_step_that_skips_backward():
+    class NoBackward(TrainStep):
+        def __call__(self, images, labels, clock=None):
+            with torch.no_grad():
+                return nn.functional.cross_entropy(self.net(images), labels)
+
+    x, y = _batches(1)[0]
+    ok, why = grading.step_trains(NoBackward(_small_net(), StepConfig(), "cpu"), x, y)
+    assert not ok and "did not change" in why
+
+
+def test_step_trains_catches_fp16_without_a_scaler_writing_nan():
+    x, y = _batches(1)[0]
+    # Large inputs overflow fp16 activations and gradients; with no GradScaler to skip those
+    # steps, SGD writes inf/NaN into the weights.
+    step = TrainStep(_small_net(), StepConfig(amp_dtype="float16", lr=10.0), "cpu")
+    ok, why = grading.step_trains(step, x * 1e4, y)
+    assert not ok and ("inf/NaN" in why or "non-finite loss" in why), why
+    scaled = TrainStep(_small_net(), StepConfig(amp_dtype="float16", grad_scaler=True), "cpu")
+    assert grading.step_trains(scaled, x * 1e2, y, steps=20) == (True, "")
