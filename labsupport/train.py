@@ -36,7 +36,7 @@ class StepConfig:
     accumulation_steps: int = 1  # micro-batches per optimizer step (same update, less memory)
     compiled: bool = False  # torch.compile the model (not named `compile`: that is a builtin)
     compile_mode: str = "default"  # torch.compile mode: "default", "reduce-overhead", ...
-    lr: float = 0.05  # SGD learning rate
+    lr: float = 0.02  # SGD learning rate (0.05 spiked early: 65% vs 75% val acc after 120 steps)
     momentum: float = 0.9  # SGD momentum
 
     def __post_init__(self):
