@@ -133,6 +133,23 @@ def time_steps(step: Callable[[], object], device: torch.device | str, *, warmup
     return StepTimes(tuple(times), samples_per_step, method, torch.get_num_threads())
 
 
+def micro(fn: Callable[[], object], label: str, *, min_run_time_s: float = 0.5):
+    """Time a short function (an augmentation, a kernel) with ``torch.utils.benchmark``.
+
+    For calls far shorter than a training step, ``Timer.blocked_autorange`` is the right tool:
+    it warms up, picks a block size so that clock overhead vanishes, synchronises CUDA, and
+    reports the median and IQR of per-call means. It runs with this process's torch thread
+    count (``torch.get_num_threads()``), the count the training step itself uses. Returns a
+    ``torch.utils.benchmark.Measurement`` (``.median`` and ``.iqr`` in seconds); a list of them
+    prints as a table through ``torch.utils.benchmark.Compare``. (Used by: 01, 02.)
+    """
+    from torch.utils import benchmark
+
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, label=label,
+                            num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=min_run_time_s)
+
+
 def one_off_s(fn: Callable[[], object], device: torch.device | str) -> float:
     """Wall seconds of one call, synchronised before both clock reads (Used by: 05, 06).
 
@@ -163,16 +180,29 @@ class Comparison:
     def speedup(self) -> Spread:
         return Spread.of(self.ratios)
 
+    @property
+    def noisy(self) -> bool:
+        """True when the per-round ratios disagree by more than 15% (IQR / median).
+
+        On a quiet machine the IQR is a few percent. Sustained load from another program (a
+        second benchmark, a browser tab, an install) on a 2-core machine spreads the ratios far
+        wider, and no statistic recovers the truth from that: close it and measure again.
+        """
+        s = self.speedup
+        return s.iqr / s.median > 0.15
+
     def summary(self) -> dict:
         s = self.speedup
         per_step = 1000 / self.steps_per_round
         return {"speedup": s.median, "speedup_q1": s.q1, "speedup_q3": s.q3,
                 "speedup_low": s.low, "speedup_high": s.high, "rounds": s.n,
                 "baseline_ms": float(np.median(self.baseline_s)) * per_step,
-                "candidate_ms": float(np.median(self.candidate_s)) * per_step}
+                "candidate_ms": float(np.median(self.candidate_s)) * per_step,
+                "noisy": self.noisy}
 
     def __str__(self) -> str:
-        return f"speedup {self.speedup} over {self.speedup.n} interleaved rounds"
+        warning = " (NOISY: is something else running? measure again)" if self.noisy else ""
+        return f"speedup {self.speedup} over {self.speedup.n} interleaved rounds{warning}"
 
 
 def compare(baseline: Callable[[], object], candidate: Callable[[], object],

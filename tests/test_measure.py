@@ -20,16 +20,25 @@ def _matmul_work(repeats: int):
 
 
 def test_paired_comparison_recovers_a_2x_workload():
-    single, double = _matmul_work(12), _matmul_work(24)
-    result = measure.compare(double, single, "cpu", rounds=9, steps_per_round=4, warmup=2)
+    # Blocks of ~0.1 s: long enough that a burst of load from another process lands inside one
+    # round's pair rather than on one side only.
+    single, double = _matmul_work(40), _matmul_work(80)
+    result = measure.compare(double, single, "cpu", rounds=11, steps_per_round=3, warmup=2)
     assert 1.8 <= result.speedup.median <= 2.2, (
         f"twice the work should measure as a 2x speedup, got {result}")
 
 
 def test_paired_comparison_of_a_workload_with_itself_is_one():
-    work = _matmul_work(12)
-    result = measure.compare(work, work, "cpu", rounds=9, steps_per_round=4, warmup=2)
+    work = _matmul_work(40)
+    result = measure.compare(work, work, "cpu", rounds=11, steps_per_round=3, warmup=2)
     assert 0.95 <= result.speedup.median <= 1.05, f"A against A should be 1.0x, got {result}"
+
+
+def test_disagreeing_rounds_are_flagged_noisy():
+    steady = measure.Comparison((2.0, 2.0, 2.02, 1.98), (1.0, 1.0, 1.0, 1.0), steps_per_round=1)
+    assert not steady.noisy and "NOISY" not in str(steady)
+    busy = measure.Comparison((2.0, 3.0, 1.2, 2.6), (1.0, 1.0, 1.0, 1.0), steps_per_round=1)
+    assert busy.noisy and "NOISY" in str(busy) and busy.summary()["noisy"]
 
 
 def test_paired_rounds_alternate_order():
@@ -56,6 +65,11 @@ def test_time_steps_discards_warmup_and_reports_percentiles():
 
 def test_one_off_timing_measures_one_call():
     assert 0.045 <= measure.one_off_s(lambda: time.sleep(0.05), "cpu") < 0.2
+
+
+def test_micro_benchmark_of_a_short_call():
+    result = measure.micro(lambda: time.sleep(0.002), "sleep 2 ms", min_run_time_s=0.1)
+    assert 0.0019 <= result.median < 0.01 and result.task_spec.num_threads == torch.get_num_threads()
 
 
 def test_empty_sample_is_a_clear_error():
