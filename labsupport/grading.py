@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pandas as pd
+import torch
 
 _CHECKOUT = Path(__file__).resolve().parent.parent
 _fresh_ids = itertools.count()
@@ -157,8 +158,6 @@ def same_batches(reference, candidate, max_batches: int | None = None) -> tuple[
 
     Used by: the 02 loader check (a fast loader must deliver the naive loader's data).
     """
-    import torch
-
     ref_it, cand_it = iter(reference), iter(candidate)
     for i in itertools.count():
         if max_batches is not None and i >= max_batches:
@@ -184,8 +183,6 @@ def same_epoch_labels(expected, seen, batch_size: int) -> tuple[bool, str]:
 
     Used by: the 02 loader check (an augmenting, shuffling loader must still see every sample).
     """
-    import torch
-
     expected = torch.as_tensor(expected).flatten()
     seen = torch.as_tensor(seen).flatten()
     n_classes = int(max(expected.max(), seen.max() if seen.numel() else 0)) + 1
@@ -204,8 +201,6 @@ def step_trains(step, images, labels, steps: int = 3) -> tuple[bool, str]:
     Catches a step that skips backward or the optimizer, and an fp16 step without a scaler whose
     overflowing gradients write inf/NaN into the weights. Used by: the 03 and 04 checks.
     """
-    import torch
-
     params = [p for p in step.model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     for i in range(steps):

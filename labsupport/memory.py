@@ -22,6 +22,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .measure import sync
+
 
 def _storage_ptrs(tree) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tree_flatten(tree)[0]
@@ -74,13 +76,6 @@ class MemoryReport:
     method: str  # how the bytes were counted: "cuda-allocator" or "torch-dispatch"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryReport:
     """Peak bytes torch allocates while ``fn()`` runs (Used by: notebooks 01, 03, 04).
 
@@ -88,16 +83,16 @@ def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryRep
     """
     device = torch.device(device)
     if device.type == "cuda":
-        _sync(device)
+        sync(device)
         start = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         fn()
-        _sync(device)
+        sync(device)
         peak = torch.cuda.max_memory_allocated(device) - start
         return MemoryReport(peak, torch.cuda.memory_allocated(device) - start, "cuda-allocator")
     with TensorBytes(device.type) as counter:
         fn()
-        _sync(device)
+        sync(device)
     return MemoryReport(counter.peak_bytes, counter.live_bytes, "torch-dispatch")
 
 
