@@ -1,13 +1,15 @@
 # The two commands of the lab (see README.md): `make run` and `make test`.
 # Each creates .venv and installs requirements.txt plus labsupport (editable) on first use;
 # later calls find the stamp file and skip the installs.
+# Instructors: `make release` regenerates notebooks/ from the masters in autograder/source/lab/
+# (python -m autograder release); commit the masters and notebooks/ afterwards.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test data clean
+.PHONY: run test data release clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed: set PYTHON=python3.11")'
@@ -26,6 +28,9 @@ test: $(STAMP)
 
 data: $(STAMP)
 	$(PY) -m labsupport data
+
+release: $(STAMP)
+	$(PY) -m autograder release
 
 clean:
 	rm -rf $(VENV) build results data/lab-shapes

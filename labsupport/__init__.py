@@ -9,15 +9,18 @@ One module per idea; read any of them in one sitting:
 - ``measure``: steady-state timing, paired A/B speedups, phase breakdowns, one-off timings.
 - ``memory``: peak bytes of a step on any device, and bytes saved for backward.
 - ``results``: the results store (one JSON file per stage) and its DataFrame view.
-- ``grading``: graded checks: thresholds per device class, verdicts, correctness partners.
+- ``grading``: thresholds per class and calibration, verdicts, correctness partners, self-check.
+- ``checks``: each notebook's graded checks, which call the student's code and measure it now.
 
 Importing it only imports: no seeding, no backend flags, no downloads. Call ``ls.setup()``.
 """
 
-from . import dataset, grading, hardware, measure, memory, pipeline, results, train
+from . import checks, dataset, grading, hardware, measure, memory, pipeline, results, train
+from .grading import check
 from .hardware import Lab, Profile, describe_machine, pick_device, profile_for, setup
 from .train import StepConfig, TrainStep, make_step
 
-__all__ = ["dataset", "grading", "hardware", "measure", "memory", "pipeline", "results", "train",
+__all__ = ["check", "checks", "dataset", "grading", "hardware", "measure", "memory", "pipeline",
+           "results", "train",
            "Lab", "Profile", "describe_machine", "pick_device", "profile_for", "setup",
            "StepConfig", "TrainStep", "make_step"]

@@ -22,7 +22,7 @@ import itertools
 import os
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -48,11 +48,21 @@ class CheckResult:
     device_class: str  # the class whose threshold applied
     status: str  # "pass", "fail" or "n/a"
     note: str = ""  # why it failed or does not apply, including a failed correctness partner
+    details: dict = field(default_factory=dict)  # what else was measured (for tables and results)
 
     @property
     def passed(self) -> bool:
         """True when the check passed or does not apply here (its points are then awarded)."""
         return self.status in ("pass", "n/a")
+
+    def require(self) -> None:
+        """Raise AssertionError saying what was measured and what to fix, unless passed (Used by: test cells)."""
+        if not self.passed:
+            measured = "nothing" if self.measured is None else f"{self.measured:.3g}"
+            bar = "" if self.threshold is None else \
+                f", needs {'>=' if self.better == 'higher' else '<='} {self.threshold:.3g}"
+            raise AssertionError(f"{self.check} failed on {self.device_class}: measured {measured}"
+                                 f"{bar}. {self.note}")
 
 
 def thresholds_path() -> Path:
@@ -103,22 +113,25 @@ def threshold_for(check: str, machine: dict) -> tuple[float | None, str, str]:
 
 
 def judge(check: str, measured: float | None, machine: dict, *, correct: bool = True,
-          why_incorrect: str = "", note: str = "") -> CheckResult:
+          why_incorrect: str = "", note: str = "", details: dict | None = None) -> CheckResult:
     """Compare a fresh measurement with this machine's threshold, after its correctness partner.
 
-    A result that is not correct fails whatever it measured: fast but wrong earns nothing.
+    A result that is not correct fails whatever it measured, even where the check does not
+    apply: fast but wrong earns nothing, and neither does missing code.
     """
     threshold, better, not_applicable = threshold_for(check, machine)
     cls = machine["device_class"]
-    if threshold is None:
-        return CheckResult(check, measured, None, better, cls, "n/a", not_applicable)
-    if not correct:
+    details = details or {}
+    if not correct:  # before n/a: a check that cannot apply here still needs working code
         return CheckResult(check, measured, threshold, better, cls, "fail",
-                           f"correctness check failed: {why_incorrect}")
+                           f"correctness check failed: {why_incorrect}", details)
+    if threshold is None:
+        return CheckResult(check, measured, None, better, cls, "n/a", not_applicable, details)
     if measured is None:
-        return CheckResult(check, None, threshold, better, cls, "fail", note or "nothing measured")
+        return CheckResult(check, None, threshold, better, cls, "fail", note or "nothing measured", details)
     ok = measured >= threshold if better == "higher" else measured <= threshold
-    return CheckResult(check, float(measured), threshold, better, cls, "pass" if ok else "fail", note)
+    return CheckResult(check, float(measured), threshold, better, cls, "pass" if ok else "fail", note,
+                       details)
 
 
 def fresh() -> ModuleType:
@@ -137,8 +150,20 @@ def fresh() -> ModuleType:
     return module
 
 
-def table(results: list[CheckResult]) -> pd.DataFrame:
+def check(notebook: str, namespace: dict) -> pd.DataFrame:
+    """The self-check: run notebook ``notebook``'s graded checks now, as the autograder will.
+
+    Call ``ls.check("02", globals())`` in a notebook (it works in Colab, where nbgrader's Validate
+    button is absent). It measures with a fresh copy of labsupport and returns the table:
+    check, measured, threshold, result, note. Used by: the last section of 01-06.
+    """
+    results = fresh().checks.run(notebook, namespace)
+    return table(list(results.values()))
+
+
+def table(results) -> pd.DataFrame:
     """The self-check table: check, measured, threshold, result (Used by: ``check`` in 01-06)."""
+    results = list(results)
     def bar(r: CheckResult) -> str:
         return "" if r.threshold is None else f"{'>=' if r.better == 'higher' else '<='} {r.threshold:.3g}"
 

@@ -131,3 +131,25 @@ def saved_activation_bytes(fn: Callable[[], object], model: torch.nn.Module | No
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
     return total
+
+
+def forward_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
+    """Bytes that ``fn()`` (a forward pass and loss) allocates and still holds when it returns.
+
+    That is what the autograd graph keeps alive for backward, counted the same way whether or not
+    the forward is checkpointed: checkpointing's own saved-tensor hooks hide the tensors inside a
+    segment from :func:`saved_activation_bytes`, but not from the allocator (Used by: 04).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        sync(device)
+        start = torch.cuda.memory_allocated(device)
+        out = fn()
+        sync(device)
+        held = torch.cuda.memory_allocated(device) - start
+    else:
+        with TensorBytes(device.type) as counter:
+            out = fn()
+        held = counter.live_bytes
+    del out
+    return held

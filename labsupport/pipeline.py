@@ -1,16 +1,23 @@
-"""The input pipeline: the deliberately naive loader that notebooks 01 and 02 profile and then fix.
+"""The input pipeline: the naive loader that notebooks 01 and 02 profile, and the fixed one.
 
 The naive pipeline is what a first training script usually looks like: decode each JPEG with PIL
 and augment it sample by sample in the main process (``num_workers=0``), no pinned memory, so the
 model waits while the CPU prepares every batch.
+
+The fixed pipeline (notebook 02 builds its own; 03-06 use :class:`FastLoader`) does the expensive
+work once and the per-batch work in batches: :func:`decode_once` decodes every JPEG a single time
+into a uint8 tensor, and :func:`batch_augment` crops, flips and colour-jitters a whole batch with
+a few tensor ops, on whichever device trains.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
@@ -61,3 +68,112 @@ def forever(loader) -> Iterator:
             yield batch
         if not yielded:
             raise ValueError("The loader yielded no batches: is the dataset smaller than a batch?")
+
+
+def decode_once(split: str = "train", *, size: int | None = None, root: Path | str | None = None,
+                workers: int | None = None, progress: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode every image of a split once: ``(uint8 images N x 3 x H x W, int64 labels)`` (Used by: 02-06).
+
+    ``size=None`` keeps the stored resolution, for :func:`batch_augment` to crop from. ``size=S``
+    applies the naive loader's evaluation transform (resize, centre crop) with PIL, so that
+    ``normalize(images)`` equals the naive loader's ``augment=False`` batches exactly. Decoding
+    is the one place worker processes pay on any machine: it happens once, in parallel.
+    """
+    from torchvision.transforms.functional import pil_to_tensor
+
+    root = dataset.ensure() if root is None else Path(root)
+    steps = [] if size is None else [transforms.Resize(size, antialias=True), transforms.CenterCrop(size)]
+    data = dataset.open_split(root, split, transform=transforms.Compose([*steps, pil_to_tensor]))
+    workers = min(4, torch.get_num_threads()) if workers is None else workers
+    loader = DataLoader(data, batch_size=256, num_workers=workers, shuffle=False)
+    if progress:
+        from tqdm.auto import tqdm
+        loader = tqdm(loader, desc=f"decoding {split} once", leave=False)
+    images, labels = zip(*loader)
+    return torch.cat(images), torch.cat(labels)
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images to normalised float32, the same arithmetic as ToTensor + Normalize (Used by: 02-06)."""
+    mean = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=images.device).view(1, 3, 1, 1)
+    return (images.float().div(255) - mean) / std
+
+
+def batch_augment(images: torch.Tensor, size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The naive loader's augmentation for a whole uint8 batch at once; returns normalised float32.
+
+    RandomResizedCrop (scale 0.35-1, aspect 3/4-4/3) and the horizontal flip become one affine
+    sampling grid per image (``F.affine_grid`` + ``F.grid_sample``, bilinear); ColorJitter's
+    brightness, contrast and saturation (0.4 each) become per-image factors. Random numbers come
+    from ``generator`` (on the images' device). Used by: 02 (reference solution) and FastLoader.
+    """
+    n, device = images.shape[0], images.device
+    rand = lambda *shape: torch.rand(*shape, device=device, generator=generator)  # noqa: E731
+    area = 0.35 + 0.65 * rand(n)
+    log_ratio = math.log(3 / 4) + (math.log(4 / 3) - math.log(3 / 4)) * rand(n)
+    ratio = log_ratio.exp()
+    # Crop width and height as fractions of the image, clipped to fit (RandomResizedCrop retries
+    # until a crop fits; clipping gives the same range of views without a loop).
+    w = (area * ratio).sqrt().clamp(max=1.0)
+    h = (area / ratio).sqrt().clamp(max=1.0)
+    cx = (1 - w) * (2 * rand(n) - 1)  # crop centre in [-1, 1] grid units, staying inside
+    cy = (1 - h) * (2 * rand(n) - 1)
+    flip = torch.where(rand(n) < 0.5, -1.0, 1.0)
+    theta = torch.zeros(n, 2, 3, device=device)
+    theta[:, 0, 0], theta[:, 0, 2] = w * flip, cx
+    theta[:, 1, 1], theta[:, 1, 2] = h, cy
+    grid = F.affine_grid(theta, [n, 3, size, size], align_corners=False)
+    x = F.grid_sample(images.float().div(255), grid, mode="bilinear", padding_mode="border",
+                      align_corners=False)
+    # ColorJitter(0.4, 0.4, 0.4): factors uniform in [0.6, 1.4], applied as torchvision does.
+    brightness, contrast, saturation = (0.6 + 0.8 * rand(n, 1, 1, 1) for _ in range(3))
+    x = (x * brightness).clamp(0, 1)
+    gray = (0.299 * x[:, 0] + 0.587 * x[:, 1] + 0.114 * x[:, 2]).unsqueeze(1)
+    x = (contrast * x + (1 - contrast) * gray.mean(dim=(2, 3), keepdim=True)).clamp(0, 1)
+    gray = (0.299 * x[:, 0] + 0.587 * x[:, 1] + 0.114 * x[:, 2]).unsqueeze(1)
+    x = (saturation * x + (1 - saturation) * gray).clamp(0, 1)
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+class FastLoader:
+    """The fixed input pipeline: decode once, then slice, copy and augment whole batches (Used by: 03-06).
+
+    Iterating gives one epoch of ``(images, labels)`` batches on ``device``, like a DataLoader:
+    shuffled with dropped last partial batch for "train", in order for other splits. The
+    decoded images stay in (pinned, on CUDA) host memory and each batch is copied with
+    ``non_blocking=True``, so the copy overlaps the previous step's work; augmentation runs on
+    the training device. No worker processes: after decoding there is nothing slow left for
+    them to do, and on a CPU they would take cores from the training step.
+    """
+
+    def __init__(self, profile: Profile, *, split: str = "train", augment: bool = True,
+                 device: torch.device | str = "cpu", root: Path | str | None = None, seed: int = 0,
+                 progress: bool = True):
+        self.profile, self.split, self.augment = profile, split, augment
+        self.device = torch.device(device)
+        self.images, self.labels = decode_once(split, size=None if augment else profile.image_size,
+                                               root=root, progress=progress)
+        if self.device.type == "cuda":
+            self.images, self.labels = self.images.pin_memory(), self.labels.pin_memory()
+        self.shuffle = split == "train"
+        self.order_generator = torch.Generator().manual_seed(seed)
+        self.augment_generator = torch.Generator(self.device).manual_seed(seed)
+
+    def __len__(self) -> int:
+        n, b = len(self.labels), self.profile.batch_size
+        return n // b if self.shuffle else math.ceil(n / b)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        n, b = len(self.labels), self.profile.batch_size
+        order = torch.randperm(n, generator=self.order_generator) if self.shuffle else torch.arange(n)
+        for i in range(len(self)):
+            idx = order[i * b:(i + 1) * b]
+            images = self.images[idx].to(self.device, non_blocking=True)
+            labels = self.labels[idx].to(self.device, non_blocking=True)
+            if self.augment:
+                yield batch_augment(images, self.profile.image_size, self.augment_generator), labels
+            else:
+                yield normalize(images), labels

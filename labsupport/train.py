@@ -66,7 +66,7 @@ def build_model(num_classes: int = 10, seed: int = 0) -> nn.Module:
 
 
 @contextlib.contextmanager
-def _batchnorm_stats_frozen(modules: list[nn.Module]):
+def batchnorm_stats_frozen(modules: list[nn.Module]):
     """Keep BatchNorm running statistics unchanged while a checkpointed segment is recomputed.
 
     The recomputation in backward runs the segment's forward a second time in training mode, which
@@ -111,7 +111,7 @@ class CheckpointedResNet(nn.Module):
         for segment in self.segments:
             x = checkpoint(segment, x, use_reentrant=False,
                            context_fn=lambda s=segment: (contextlib.nullcontext(),
-                                                         _batchnorm_stats_frozen([s])))
+                                                         batchnorm_stats_frozen([s])))
         x = torch.flatten(self.resnet.avgpool(x), 1)
         return self.resnet.fc(x)
 
@@ -124,7 +124,7 @@ class TrainStep:
     """
 
     def __init__(self, model: nn.Module, config: StepConfig = StepConfig(),
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", net: nn.Module | None = None):
         self.config = config
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -132,7 +132,9 @@ class TrainStep:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr,
                                          momentum=config.momentum)
-        net = self.model
+        # ``net`` is what forward calls: the model itself, or a module wrapping it (a student's
+        # checkpointed version, in notebook 04's checks); the optimizer updates ``model``.
+        net = self.model if net is None else net
         if config.checkpoint_segments:
             net = CheckpointedResNet(net, config.checkpoint_segments)
         if config.compiled:

@@ -1,0 +1,27 @@
+"""nbgrader configuration of the lab's course: this folder is the course root, one assignment.
+
+nbgrader reads it when it runs with this folder as the working directory, or from anywhere with
+``--NbGrader.config_file=autograder/nbgrader_config`` (no ".py": nbgrader 0.9 apps have no
+``--config`` alias and append ".py" themselves); ``python -m autograder`` (course.py) loads it too.
+The course root comes from this file's location, so every cwd gives the same course.
+"""
+
+from pathlib import Path
+
+c = get_config()  # noqa: F821 (traitlets defines get_config and __file__ when it loads this file)
+
+COURSE_ROOT = Path(__file__).resolve().parent  # autograder/: source/, release/, gradebook.db, ...
+ASSIGNMENT = "lab"  # the one assignment: the six notebooks, graded together, in order
+
+c.CourseDirectory.root = str(COURSE_ROOT)
+c.CourseDirectory.source_directory = "source"  # masters in source/lab/*.ipynb
+c.CourseDirectory.assignment_id = ASSIGNMENT  # so `nbgrader generate_assignment --force` needs no id
+
+# Per-cell time limit in seconds when nbgrader runs a notebook (validate, autograde). This is the
+# option nbgrader's own Execute preprocessor honours; ExecutePreprocessor.timeout (nbconvert's) is
+# not read by it. A cell that runs longer is interrupted and costs that cell, never the batch.
+c.Execute.timeout = 600
+
+# ClearSolutions.code_stub keeps nbgrader's default: each ### BEGIN/END SOLUTION region becomes
+#     # YOUR CODE HERE
+#     raise NotImplementedError()

@@ -1,0 +1,174 @@
+"""The graded checks of notebooks 01-03: the reference solution passes, and each check fails on a
+deliberately wrong or slow answer (a loader that drops samples, a step that skips backward, an
+fp16 step without a scaler, a timer without warm-up, a diagnosis that ignores the grouping).
+
+The reference solutions are taken from the master notebooks' solution cells, so the tests grade
+exactly the code students are compared with. Runs on the tiny profile and dataset; speed is
+graded there only where a test asks for it (``tiny:grades_speed=1``).
+"""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+import labsupport as ls
+from labsupport import checks
+
+MASTERS = Path(__file__).resolve().parent.parent / "autograder" / "source" / "lab"
+
+
+def solution(notebook: str, *cell_ids: str) -> dict:
+    """A namespace holding the master notebook's code from the given cells (solutions included)."""
+    nb = nbformat.read(next(MASTERS.glob(f"{notebook}_*.ipynb")), as_version=4)
+    namespace = {"ls": ls, "torch": torch, "lab": checks._lab()}
+    for cell in nb.cells:
+        if cell.get("id") in cell_ids:
+            exec(compile(cell.source, f"{notebook}:{cell.id}", "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(autouse=True)
+def tiny_lab(monkeypatch, tiny_data, tmp_path):
+    monkeypatch.setenv("LAB_DATA", str(tiny_data))
+    monkeypatch.setenv("LAB_PROFILE", "tiny")
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+
+
+def statuses(notebook: str, namespace: dict) -> dict[str, str]:
+    return {k: r.status for k, r in checks.run(notebook, namespace).items()}
+
+
+# 01 ------------------------------------------------------------------------------------------
+
+def test_01_reference_passes_and_missing_code_fails():
+    ns = solution("01", "measure_throughput", "diagnose")
+    found = checks.run("01", ns)
+    assert found["01-throughput-error"].status == "pass", found["01-throughput-error"].note
+    assert found["01-diagnose"].status == "pass", found["01-diagnose"].note
+    assert found["01-throughput-sync"].status == ("pass" if torch.cuda.is_available() else "n/a")
+    missing = checks.run("01", {})
+    assert {r.status for r in missing.values()} == {"fail"}
+    assert "`measure_throughput` is not defined" in missing["01-throughput-error"].note
+    assert "01-trace.json does not exist" in missing["01-trace"].note
+
+
+def test_01_throughput_without_warmup_fails():
+    ns = solution("01", "measure_throughput")
+    honest = ns["measure_throughput"]
+    ns["measure_throughput"] = lambda step, device, *, warmup, steps, samples_per_step: honest(
+        step, device, warmup=0, steps=steps + warmup, samples_per_step=samples_per_step)
+    result = checks.run("01", ns)["01-throughput-error"]
+    assert result.status == "fail" and "p95" in result.note, result.note
+
+
+def test_01_diagnose_by_largest_single_phase_fails():
+    ns = {"diagnose": lambda b: {"data wait": "data", "host to device": "transfer", "forward": "compute",
+                                 "backward": "compute", "optimizer": "optimizer"}[max(b, key=b.get)]}
+    result = checks.run("01", ns)["01-diagnose"]
+    assert result.status == "fail" and result.measured < 1
+
+
+def test_01_trace_must_be_a_chrome_trace(tmp_path):
+    path = ls.results.results_dir() / "01-trace.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("not json")
+    result = checks.run("01", {})["01-trace"]
+    assert result.status == "fail" and "not a Chrome trace" in result.note
+
+
+# 02 ------------------------------------------------------------------------------------------
+
+def test_02_reference_delivers_the_same_data():
+    found = checks.run("02", solution("02", "make_fast_loader"))
+    assert found["02-loader-speedup"].status == "n/a"  # tiny never grades speed
+    assert found["02-data-wait-share"].status == "pass", found["02-data-wait-share"].note
+
+
+def test_02_loader_that_drops_samples_fails():
+    ns = solution("02", "make_fast_loader")
+    honest = ns["make_fast_loader"]
+
+    def dropping(lab, split="train", augment=True):
+        loader = honest(lab, split, augment)
+        return [batch for i, batch in enumerate(loader) if i % 2 == 0] if augment else loader
+    ns["make_fast_loader"] = dropping
+    found = checks.run("02", ns)
+    for result in found.values():
+        assert result.status == "fail" and "of 40 samples" in result.note, result.note
+
+
+def test_02_loader_with_other_pixels_fails():
+    ns = solution("02", "make_fast_loader")
+    honest = ns["make_fast_loader"]
+    ns["make_fast_loader"] = lambda lab, split="train", augment=True: (
+        [(x * 1.01, y) for x, y in honest(lab, split, augment)])
+    result = checks.run("02", ns)["02-loader-speedup"]
+    assert result.status == "fail" and "pixel values differ" in result.note
+
+
+def test_02_naive_loader_in_disguise_is_not_3x(monkeypatch):
+    monkeypatch.setenv("LAB_PROFILE", "tiny:grades_speed=1")
+    ns = {"make_fast_loader": lambda lab, split="train", augment=True: ls.pipeline.naive_loader(
+        lab.profile, split=split, augment=augment, seed=lab.seed)}
+    result = checks.run("02", ns)["02-loader-speedup"]
+    assert result.status == "fail" and result.measured < 2, result
+
+
+# 03 ------------------------------------------------------------------------------------------
+
+AMP_CELLS = ("choose_precision", "amp_train_step")
+
+
+def test_03_reference_trains_and_saves_memory():
+    found = checks.run("03", solution("03", *AMP_CELLS))
+    assert found["03-activation-ratio"].status == "pass", found["03-activation-ratio"].note
+    assert found["03-fp16-scaler"].status == "pass", found["03-fp16-scaler"].note
+    assert found["03-amp-speedup"].status == "n/a" and found["03-accuracy-gap"].status == "n/a"
+
+
+def test_03_step_that_skips_backward_fails():
+    ns = solution("03", *AMP_CELLS)
+
+    def no_backward(model, optimizer, scaler, images, labels, dtype):
+        with torch.no_grad(), torch.autocast(images.device.type, dtype=dtype):
+            return torch.nn.functional.cross_entropy(model(images), labels).float()
+    ns["amp_train_step"] = no_backward
+    found = checks.run("03", ns)
+    for check in ("03-amp-speedup", "03-activation-ratio", "03-fp16-scaler"):
+        assert found[check].status == "fail", found[check]
+    assert "did not change" in found["03-amp-speedup"].note
+
+
+def test_03_fp16_step_without_a_scaler_fails():
+    ns = solution("03", *AMP_CELLS)
+
+    def unscaled(model, optimizer, scaler, images, labels, dtype):
+        optimizer.zero_grad()
+        with torch.autocast(images.device.type, dtype=dtype):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    ns["amp_train_step"] = unscaled
+    result = checks.run("03", ns)["03-fp16-scaler"]
+    assert result.status == "fail" and "inf/NaN" in result.note, result.note
+
+
+def test_03_fp32_in_disguise_saves_no_memory():
+    ns = solution("03", *AMP_CELLS)
+    ns["choose_precision"] = lambda machine: {"dtype": None, "channels_last": False}
+    result = checks.run("03", ns)["03-activation-ratio"]
+    assert result.status == "fail" and result.measured > 0.9
+
+
+def test_graded_checks_ignore_a_monkeypatched_labsupport(monkeypatch):
+    """A notebook cell that replaces labsupport's timing cannot change what the graded copy measures."""
+    monkeypatch.setenv("LAB_PROFILE", "tiny:grades_speed=1")
+    fake = ls.measure.Comparison((100.0,), (1.0,), 1)
+    monkeypatch.setattr(ls.measure, "compare", lambda *a, **k: fake)
+    ns = {"make_fast_loader": lambda lab, split="train", augment=True: ls.pipeline.naive_loader(
+        lab.profile, split=split, augment=augment, seed=lab.seed)}
+    result = ls.grading.fresh().checks.run("02", ns)["02-loader-speedup"]
+    assert result.status == "fail" and result.measured < 2

@@ -1,0 +1,107 @@
+"""The nbgrader course, tested the way nbgrader tests itself: the committed student notebooks are
+what the masters generate, every notebook starts with the one setup cell, grade cells follow the
+style, `nbgrader validate` passes on every master and no test passes on a student version."""
+
+import shutil
+import time
+
+import nbformat
+import pytest
+from nbconvert.filters import strip_ansi
+
+from autograder import course
+
+MASTERS = course.masters()
+if not MASTERS:
+    pytest.skip(f"no master notebooks in {course.COURSE_ROOT / 'source' / course.assignment_id()} "
+                "yet: nothing to release or validate", allow_module_level=True)
+
+RELEASE = "run `python -m autograder release` and commit notebooks/"
+
+
+def _read(path):
+    return nbformat.read(path, as_version=4)
+
+
+def _student(master):
+    path = course.NOTEBOOKS_DIR / master.name
+    assert path.exists(), f"{path} is missing: {RELEASE}"
+    return path
+
+
+def test_committed_notebooks_match_a_fresh_release():
+    diffs = course.student_version_differences(course.COURSE_ROOT, course.NOTEBOOKS_DIR)
+    assert not diffs, (f"notebooks/ is not what generate_assignment makes of the masters; {RELEASE}."
+                       "\n" + "\n".join(diffs))
+
+
+@pytest.mark.parametrize("master", MASTERS, ids=lambda p: p.stem)
+def test_committed_notebooks_have_outputs_cleared(master):
+    dirty = course.uncleared_cells(_read(_student(master)))
+    assert not dirty, (f"notebooks/{master.name}: code cells {dirty} hold outputs or execution "
+                       f"counts; {RELEASE} (never commit a student notebook that was run).")
+
+
+@pytest.mark.parametrize("master", MASTERS, ids=lambda p: p.stem)
+def test_master_starts_with_the_locked_setup_cell(master):
+    problems = course.setup_cell_problems(_read(master), master.name)
+    assert not problems, ("\n".join(problems) + "\nThe setup cell comes from "
+                          "autograder/setup_cell.py: run `python -m autograder release` (it writes "
+                          "the template into every master) and commit the masters and notebooks/.")
+
+
+@pytest.mark.parametrize("master", MASTERS, ids=lambda p: p.stem)
+def test_master_has_graded_test_cells_in_style(master):
+    tests = course.graded_test_cells(_read(master))
+    with_points = [c for c in tests if float(c.metadata["nbgrader"].get("points", 0)) > 0]
+    assert with_points, (f"{master.name} has no autograded test cell with points: mark a test cell "
+                         "'Autograder tests' in the nbgrader toolbar and give it points.")
+    for cell in tests:
+        grade_id = cell.metadata["nbgrader"]["grade_id"]
+        assert cell.source.startswith('"""Check that'), (
+            f'{master.name}, test cell {grade_id}: start it with a docstring """Check that ..."""'
+            " saying what it checks (the style rule for grade cells).")
+
+
+@pytest.fixture(scope="module")
+def validate_dirs(tmp_path_factory):
+    """One folder per kind (master, student), shared in notebook order like autograde's."""
+    return {kind: tmp_path_factory.mktemp(f"validate-{kind}") for kind in ("master", "student")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, master", [(kind, m) for kind in ("master", "student") for m in MASTERS],
+                         ids=lambda v: v.stem if hasattr(v, "stem") else v)
+def test_nbgrader_validate(kind, master, validate_dirs, tiny_data, monkeypatch):
+    """`nbgrader validate` passes on the master; `--invert` finds no passing test in the student
+    version (a test that passes on the unmodified release hands out free points).
+
+    Masters run at this machine's own profile on the real dataset, in notebook order in one
+    folder as autograde runs them: this is the headless execution of the reference solution,
+    and its graded checks measure at the scale that grades. Student versions run at the tiny
+    scale: they only have to fail.
+    """
+    folder = validate_dirs[kind]
+    notebook = folder / master.name
+    shutil.copyfile(master if kind == "master" else _student(master), notebook)
+    monkeypatch.setenv("LAB_RESULTS", str(folder / "results"))
+    if kind == "master":
+        monkeypatch.delenv("LAB_PROFILE", raising=False)
+        monkeypatch.delenv("LAB_DATA", raising=False)
+    else:
+        monkeypatch.setenv("LAB_PROFILE", "tiny")
+        monkeypatch.setenv("LAB_DATA", str(tiny_data))  # a few images per class: the tiny scale
+    started = time.perf_counter()
+    findings = course.validate(notebook, invert=(kind == "student"))
+    print(f"{kind} {master.name}: validated in {time.perf_counter() - started:.0f} s")
+    if findings and kind == "master":
+        details = "\n\n".join(f"{c['source'][:300]}\n--> {strip_ansi(c['raw_error'])[-1500:]}"
+                                for c in findings.get("failed", []))
+        pytest.fail(f"nbgrader validate fails on the master {master.name} ({', '.join(findings)}): "
+                    f"fix its solution or its tests.\n\n{details}", pytrace=False)
+    if findings:
+        details = "\n\n".join(c["source"][:300] for c in findings.get("passed", []))
+        pytest.fail(f"nbgrader validate --invert fails on notebooks/{master.name} "
+                    f"({', '.join(findings)}): 'passed' means these test cells pass before the "
+                    "student wrote anything (make them depend on the solution); 'changed' or "
+                    f"'type_changed': {RELEASE}.\n\n{details}", pytrace=False)

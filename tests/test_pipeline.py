@@ -1,0 +1,37 @@
+"""The fixed input pipeline: decode-once caching and batched augmentation deliver the naive
+loader's data (exactly, with augmentation off), every sample once per epoch, reproducibly."""
+
+import torch
+
+from labsupport import pipeline
+
+
+def test_decode_once_then_normalize_equals_the_naive_loader(tiny_data, tiny):
+    images, labels = pipeline.decode_once("val", size=tiny.image_size, root=tiny_data, progress=False)
+    naive = next(iter(pipeline.naive_loader(tiny, root=tiny_data, split="val", augment=False)))
+    n = len(naive[1])
+    torch.testing.assert_close(pipeline.normalize(images[:n]), naive[0], rtol=0, atol=1e-6)
+    assert torch.equal(labels[:n], naive[1])
+
+
+def test_batch_augment_gives_normalised_images_of_the_right_size_reproducibly(tiny_data):
+    images, _ = pipeline.decode_once("train", root=tiny_data, progress=False)
+    one = pipeline.batch_augment(images[:8], 32, torch.Generator().manual_seed(0))
+    two = pipeline.batch_augment(images[:8], 32, torch.Generator().manual_seed(0))
+    assert one.shape == (8, 3, 32, 32) and one.dtype == torch.float32
+    assert torch.equal(one, two), "the same generator seed must give the same augmentation"
+    low = (0 - max(pipeline.MEAN)) / min(pipeline.STD)
+    high = (1 - min(pipeline.MEAN)) / min(pipeline.STD)
+    assert low - 1e-4 <= one.min() and one.max() <= high + 1e-4, "pixels stay inside [0, 1] before normalising"
+    other = pipeline.batch_augment(images[:8], 32, torch.Generator().manual_seed(1))
+    assert not torch.equal(one, other)
+
+
+def test_fast_loader_sees_every_sample_once_per_epoch(tiny_data, tiny):
+    loader = pipeline.FastLoader(tiny, root=tiny_data, progress=False)
+    first = torch.cat([y for _, y in loader])
+    second = torch.cat([y for _, y in loader])
+    assert len(loader.labels) % tiny.batch_size == 0, "the tiny set divides into whole batches"
+    assert len(first) == len(loader) * tiny.batch_size == len(loader.labels)
+    assert not torch.equal(first, second), "each epoch is shuffled anew"
+    assert torch.bincount(first, minlength=10).tolist() == torch.bincount(loader.labels, minlength=10).tolist()
