@@ -317,6 +317,77 @@ def cmd_release(args) -> int:
     return 0
 
 
+def run_reference(course_root: Path, build: Path, *, timeout_s: int = 900) -> Path:
+    """Execute the masters (the reference solutions) headless, in order, in ``build/run``.
+
+    The notebooks share one results store, as a student's do, so 06 reads what 01-05 measured on
+    this machine; 06 exports the report to ``build/report.html``. Executed copies are kept in
+    ``build/run`` for reading. Returns the report's path. Used by: ``make run``.
+    """
+    import time
+
+    from nbclient import NotebookClient
+    from tqdm.auto import tqdm
+
+    build = Path(build).resolve()
+    run_dir = build / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    report = build / "report.html"
+    env = {"LAB_RESULTS": str(run_dir / "results"), "LAB_REPORT": str(report)}
+    failures, times = [], {}
+    with _environment(env):
+        for master in tqdm(masters(course_root), desc="reference notebooks", unit="notebook"):
+            nb = nbformat.read(master, as_version=4)
+            started = time.perf_counter()
+            NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=True,
+                           resources={"metadata": {"path": str(run_dir)}}).execute()
+            times[master.name] = time.perf_counter() - started
+            nbformat.write(nb, run_dir / master.name)
+            for cell in nb.cells:
+                for out in cell.get("outputs", []):
+                    if out.get("output_type") == "error":
+                        failures.append(f"{master.name}, cell {cell.get('id')}: {out['ename']}: "
+                                        f"{out['evalue'][:300]}")
+    for name, seconds in times.items():
+        print(f"{name:28s} {seconds:6.0f} s")
+    if failures:
+        raise CourseError("the reference notebooks raised (executed copies in "
+                          f"{_shown(run_dir)}):\n" + "\n".join(failures))
+    return report
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def cmd_run(args) -> int:
+    """``run``: execute the reference notebooks, then print the ladder and where the report is."""
+    import pandas as pd
+
+    from labsupport import report
+
+    path = run_reference(args.course, args.build)
+    lad = report.ladder(args.build.resolve() / "run" / "results")
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        print("\nThe optimisation ladder on this machine:")
+        print(lad.table.drop(columns=["stage"]).round(2).to_string())
+    for line in lad.missing:
+        print("missing:", line)
+    print(f"\nReport: {path}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``python -m autograder`` argument parser, one subcommand per instructor command."""
     p = argparse.ArgumentParser(
@@ -337,6 +408,14 @@ def parser() -> argparse.ArgumentParser:
                      help="where the student notebooks go (default: notebooks/ beside the "
                           "course root, i.e. the repository's notebooks/)")
     rel.set_defaults(func=cmd_release)
+    run = sub.add_parser(
+        "run", help="execute the six reference notebooks in order, export the report to HTML",
+        description="Execute the masters (reference solutions) headless in order on this "
+                    "machine's profile in BUILD/run, export the comparison report to "
+                    "BUILD/report.html, and print the ladder. This is `make run`.")
+    run.add_argument("--build", type=Path, default=COURSE_ROOT.parent / "build",
+                     help="output folder (default: build/ in the repository)")
+    run.set_defaults(func=cmd_run)
     # collect, grade, calibrate and report will be further subparsers here.
     return p
 

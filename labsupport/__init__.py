@@ -11,16 +11,17 @@ One module per idea; read any of them in one sitting:
 - ``results``: the results store (one JSON file per stage) and its DataFrame view.
 - ``grading``: thresholds per class and calibration, verdicts, correctness partners, self-check.
 - ``checks``: each notebook's graded checks, which call the student's code and measure it now.
+- ``report``: the optimisation ladder from the results store, its plots, the one-file HTML export.
 
 Importing it only imports: no seeding, no backend flags, no downloads. Call ``ls.setup()``.
 """
 
-from . import checks, dataset, grading, hardware, measure, memory, pipeline, results, train
+from . import checks, dataset, grading, hardware, measure, memory, pipeline, report, results, train
 from .grading import check
 from .hardware import Lab, Profile, describe_machine, pick_device, profile_for, setup
 from .train import StepConfig, TrainStep, make_step
 
 __all__ = ["check", "checks", "dataset", "grading", "hardware", "measure", "memory", "pipeline",
-           "results", "train",
+           "report", "results", "train",
            "Lab", "Profile", "describe_machine", "pick_device", "profile_for", "setup",
            "StepConfig", "TrainStep", "make_step"]

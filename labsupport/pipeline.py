@@ -124,18 +124,21 @@ def batch_augment(images: torch.Tensor, size: int, generator: torch.Generator | 
     theta[:, 0, 0], theta[:, 0, 2] = w * flip, cx
     theta[:, 1, 1], theta[:, 1, 2] = h, cy
     grid = F.affine_grid(theta, [n, 3, size, size], align_corners=False)
-    x = F.grid_sample(images.float().div(255), grid, mode="bilinear", padding_mode="border",
+    x = F.grid_sample(images.float().div_(255), grid, mode="bilinear", padding_mode="border",
                       align_corners=False)
-    # ColorJitter(0.4, 0.4, 0.4): factors uniform in [0.6, 1.4], applied as torchvision does.
+    # ColorJitter(0.4, 0.4, 0.4): factors uniform in [0.6, 1.4], applied as torchvision does. In
+    # place, because at this size every extra full-batch temporary costs as much as an op.
     brightness, contrast, saturation = (0.6 + 0.8 * rand(n, 1, 1, 1) for _ in range(3))
-    x = (x * brightness).clamp(0, 1)
-    gray = (0.299 * x[:, 0] + 0.587 * x[:, 1] + 0.114 * x[:, 2]).unsqueeze(1)
-    x = (contrast * x + (1 - contrast) * gray.mean(dim=(2, 3), keepdim=True)).clamp(0, 1)
-    gray = (0.299 * x[:, 0] + 0.587 * x[:, 1] + 0.114 * x[:, 2]).unsqueeze(1)
-    x = (saturation * x + (1 - saturation) * gray).clamp(0, 1)
-    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+    luma = torch.tensor([0.299, 0.587, 0.114], device=device).view(1, 3, 1, 1)
+    x.mul_(brightness).clamp_(0, 1)
+    mean_gray = (x * luma).sum(dim=1, keepdim=True).mean(dim=(2, 3), keepdim=True)
+    x.mul_(contrast).add_((1 - contrast) * mean_gray).clamp_(0, 1)
+    gray = (x * luma).sum(dim=1, keepdim=True)
+    x.mul_(saturation).add_((1 - saturation) * gray).clamp_(0, 1)
+    # Normalize as one fused multiply-add: (x - mean) / std = x * (1 / std) - mean / std.
     std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
-    return (x - mean) / std
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+    return torch.addcmul(-mean / std, x, 1 / std)
 
 
 class FastLoader:
@@ -171,8 +174,9 @@ class FastLoader:
         order = torch.randperm(n, generator=self.order_generator) if self.shuffle else torch.arange(n)
         for i in range(len(self)):
             idx = order[i * b:(i + 1) * b]
-            images = self.images[idx].to(self.device, non_blocking=True)
-            labels = self.labels[idx].to(self.device, non_blocking=True)
+            # index_select, not images[idx]: the same gather, about 9x faster on a CPU here
+            images = self.images.index_select(0, idx).to(self.device, non_blocking=True)
+            labels = self.labels.index_select(0, idx).to(self.device, non_blocking=True)
             if self.augment:
                 yield batch_augment(images, self.profile.image_size, self.augment_generator), labels
             else:

@@ -1,6 +1,8 @@
-"""The graded checks of notebooks 01-03: the reference solution passes, and each check fails on a
+"""The graded checks of notebooks 01-06: the reference solution passes, and each check fails on a
 deliberately wrong or slow answer (a loader that drops samples, a step that skips backward, an
-fp16 step without a scaler, a timer without warm-up, a diagnosis that ignores the grouping).
+fp16 step without a scaler, a timer without warm-up, a diagnosis that ignores the grouping,
+checkpointing that updates BatchNorm twice, accumulation that steps per micro-batch, a compiled
+model with other outputs, a ladder with the wrong speedups).
 
 The reference solutions are taken from the master notebooks' solution cells, so the tests grade
 exactly the code students are compared with. Runs on the tiny profile and dataset; speed is
@@ -22,7 +24,8 @@ MASTERS = Path(__file__).resolve().parent.parent / "autograder" / "source" / "la
 def solution(notebook: str, *cell_ids: str) -> dict:
     """A namespace holding the master notebook's code from the given cells (solutions included)."""
     nb = nbformat.read(next(MASTERS.glob(f"{notebook}_*.ipynb")), as_version=4)
-    namespace = {"ls": ls, "torch": torch, "lab": checks._lab()}
+    namespace = {"ls": ls, "torch": torch, "F": torch.nn.functional, "pd": __import__("pandas"),
+                 "lab": checks._lab()}
     for cell in nb.cells:
         if cell.get("id") in cell_ids:
             exec(compile(cell.source, f"{notebook}:{cell.id}", "exec"), namespace)
@@ -71,7 +74,7 @@ def test_01_diagnose_by_largest_single_phase_fails():
 
 
 def test_01_trace_must_be_a_chrome_trace(tmp_path):
-    path = ls.results.results_dir() / "01-trace.json"
+    path = ls.results.results_dir() / "traces" / "01-trace.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("not json")
     result = checks.run("01", {})["01-trace"]
@@ -172,3 +175,99 @@ def test_graded_checks_ignore_a_monkeypatched_labsupport(monkeypatch):
         lab.profile, split=split, augment=augment, seed=lab.seed)}
     result = ls.grading.fresh().checks.run("02", ns)["02-loader-speedup"]
     assert result.status == "fail" and result.measured < 2
+
+
+# 04 ------------------------------------------------------------------------------------------
+
+CKPT_CELLS = ("checkpointed", "accumulate_step")
+
+
+def test_04_reference_passes():
+    ns = solution("04", *CKPT_CELLS)
+    found = checks.run("04", ns)
+    for check in ("04-grad-match", "04-activation-ratio", "04-fits-budget", "04-accum-match"):
+        assert found[check].status == "pass", found[check]
+    # At the tiny scale (32 px, batch 8) a step's peak is its 45 MiB of gradients, not activations,
+    # so checkpointing cannot lower it: the peak check is meaningful at real profiles only.
+    assert found["04-peak-ratio"].measured > 0.9
+    assert found["04-time-overhead"].measured is not None  # timed and reported at any scale
+
+
+def test_04_checkpointing_without_frozen_batchnorm_fails():
+    """Recomputing a segment in training mode updates BatchNorm's running statistics twice."""
+    import torch.utils.checkpoint as cp
+
+    ns = solution("04", *CKPT_CELLS)
+    ns["checkpoint"] = lambda fn, x, use_reentrant, context_fn=None: cp.checkpoint(fn, x, use_reentrant=False)
+    result = checks.run("04", ns)["04-grad-match"]
+    assert result.status == "fail" and "BatchNorm running statistics" in result.note, result.note
+
+
+def test_04_accumulation_that_steps_every_micro_batch_or_averages_unevenly_fails():
+    ns = solution("04", *CKPT_CELLS)
+
+    def steps_each(model, optimizer, images, labels, micro_batches):
+        for x, y in zip(images.tensor_split(micro_batches), labels.tensor_split(micro_batches)):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+    def plain_mean(model, optimizer, images, labels, micro_batches):
+        optimizer.zero_grad()
+        for x, y in zip(images.tensor_split(micro_batches), labels.tensor_split(micro_batches)):
+            (torch.nn.functional.cross_entropy(model(x), y) / micro_batches).backward()
+        optimizer.step()
+
+    for wrong in (steps_each, plain_mean):
+        ns["accumulate_step"] = wrong
+        result = checks.run("04", ns, only=("04-accum-match",))["04-accum-match"]
+        assert result.status == "fail" and "differs" in result.note, (wrong.__name__, result.note)
+
+
+def test_04_missing_segments_choice_is_explained():
+    ns = solution("04", *CKPT_CELLS)
+    ns["SEGMENTS"] = 12
+    result = checks.run("04", ns)["04-grad-match"]
+    assert result.status == "fail" and "from 1 to 9" in result.note
+
+
+# 05 ------------------------------------------------------------------------------------------
+
+def test_05_break_even_and_outputs_are_checked_without_waiting_for_inductor():
+    ns = solution("05", "break_even_steps")
+    ns["compile_inference"] = lambda model: model  # "compiled" = eager: fast to build, same outputs
+    found = checks.run("05", ns)
+    assert found["05-break-even"].status == "pass", found["05-break-even"]
+    assert found["05-compile-speedup"].status == "n/a"  # tiny never grades speed
+    ns["break_even_steps"] = lambda c, e, k: c / (e - k)  # forgot the ms/s conversion and the never-pays case
+    assert checks.run("05", ns)["05-break-even"].status == "fail"
+
+
+def test_05_compiled_model_with_other_outputs_fails():
+    ns = solution("05", "break_even_steps")
+    ns["compile_inference"] = lambda model: (lambda x: model(x) * 1.5)
+    result = checks.run("05", ns)["05-compile-speedup"]
+    assert result.status == "fail" and "differ from eager" in result.note
+
+
+# 06 ------------------------------------------------------------------------------------------
+
+def test_06_ladder_table_reference_passes_and_a_wrong_speedup_fails():
+    ns = solution("06", "assemble_ladder")
+    assert checks.run("06", ns, only=("06-ladder-table",))["06-ladder-table"].status == "pass"
+    honest = ns["assemble_ladder"]
+
+    def against_previous(frame):
+        table = honest(frame)
+        table["speedup (cumulative)"] = table["speedup (this rung)"]
+        return table
+    ns["assemble_ladder"] = against_previous
+    result = checks.run("06", ns, only=("06-ladder-table",))["06-ladder-table"]
+    assert result.status == "fail" and "crafted" in result.note
+
+
+def test_06_end_to_end_needs_the_whole_ladder():
+    ns = solution("06", "assemble_ladder")
+    found = checks.run("06", ns, only=("06-end-to-end", "06-stages"))
+    assert found["06-stages"].status == "fail" and "01_profile.ipynb" in found["06-stages"].note
+    assert found["06-end-to-end"].status == "fail" and "ladder is incomplete" in found["06-end-to-end"].note
