@@ -712,6 +712,7 @@ def end_to_end(namespace, lab):
 @_check("06-html")
 def html_report(namespace, lab):
     """The notebook exported the report: one HTML file, written now, with the ladder table and the plots."""
+    _student(namespace, "assemble_ladder", "06")(_crafted_results())  # the student's table is in it
     path = report.default_path()
     if not path.is_file():
         raise StudentCodeError(f"{path} does not exist: run the export cell of 06 "

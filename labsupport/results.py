@@ -129,4 +129,5 @@ def load_all(directory: Path | None = None, required: list[str] | tuple[str, ...
                      "recorded_at": rec.get("recorded_at"),
                      "device_class": machine.get("device_class"),
                      "device_name": machine.get("device_name"), **rec["metrics"]})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=None if rows else
+                        ["stage", "notebook", "recorded_at", "device_class", "device_name"])
