@@ -2,6 +2,11 @@
 
 - ``release``: write the setup cell (``setup_cell.py``) into every master, run nbgrader
   generate_assignment, and copy the student versions into ``notebooks/`` with outputs cleared.
+- ``collect`` (collect.py): a folder of per-student folders or zips into ``submitted/``.
+- ``grade`` (grade.py): autograde in lab order, feedback, grades as CSV, a summary.
+- ``calibrate`` (calibrate.py): this machine's thresholds from the reference's runs.
+- ``report`` (reports.py): a student's or the reference's report, or the class summary, as HTML.
+- ``run``: execute the reference notebooks and export the report (``make run``).
 
 Every function takes the course root (the folder holding ``nbgrader_config.py`` and
 ``source/``) and the notebooks folder as arguments, so tests can run them on a temporary copy
@@ -418,13 +423,58 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_collect(args) -> int:
+    """``collect``: per-student folders or zips into submitted/; a line per student."""
+    from . import collect
+
+    found = collect.collect(args.inbox, args.course)
+    collect.print_collected(found)
+    return 0
+
+
+def cmd_grade(args) -> int:
+    """``grade``: autograde, feedback, CSV exports and the summary."""
+    from . import grade
+
+    grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout)
+    grade.print_summary(grades, args.course)
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    """``calibrate``: run the reference's checks, write and print this machine's thresholds."""
+    import pandas as pd
+
+    from . import calibrate
+
+    path, table = calibrate.calibrate(args.runs, args.course, args.output)
+    with pd.option_context("display.width", 200, "display.max_colwidth", 70):
+        print(table.to_string())
+    print(f"\nwrote {_shown(path)}: grading on this machine now uses the 'calibrated' column.")
+    return 0
+
+
+def cmd_report(args) -> int:
+    """``report``: one student's report, the reference's, or the class summary, as HTML."""
+    from . import reports
+
+    if args.reference:
+        path = reports.reference_report(args.build, args.output)
+    elif args.student:
+        path = reports.student_report(args.course, args.student, args.output)
+    else:
+        path = reports.class_report(args.course, args.output)
+    print(f"wrote {_shown(path)}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``python -m autograder`` argument parser, one subcommand per instructor command."""
     p = argparse.ArgumentParser(
         prog="python -m autograder",
         description="Instructor commands of the lab's nbgrader course (autograder/). "
-                    "Run from the repository root.",
-        epilog="Still to come: collect, grade, calibrate, report.")
+                    "Run from the repository root. A typical term: release, then collect, "
+                    "calibrate (once per grading machine), grade, report.")
     p.add_argument("--course", type=Path, default=COURSE_ROOT,
                    help="the course root with nbgrader_config.py and source/ (default: %(default)s)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -438,6 +488,46 @@ def parser() -> argparse.ArgumentParser:
                      help="where the student notebooks go (default: notebooks/ beside the "
                           "course root, i.e. the repository's notebooks/)")
     rel.set_defaults(func=cmd_release)
+    col = sub.add_parser(
+        "collect", help="put a folder of per-student folders or zips into submitted/",
+        description="INBOX holds one folder <student>/ or zip <student>.zip per student, with "
+                    "the notebooks at any depth. Each is copied to submitted/<student>/lab/, "
+                    "replacing an earlier submission. A bad zip, a missing, misnamed or "
+                    "unreadable notebook is reported for that student; the rest are collected.")
+    col.add_argument("inbox", type=Path, help="the folder of submissions")
+    col.set_defaults(func=cmd_collect)
+    gra = sub.add_parser(
+        "grade", help="autograde, generate feedback, export grades as CSV",
+        description="Autograde each collected submission, its notebooks one at a time in lab "
+                    "order in one folder (06 reads what 01-05 measured here), then generate "
+                    "feedback/ and write grades.csv, grades_by_check.csv and "
+                    "grading_summary.csv in the course root. Uses calibration.toml when it was "
+                    "measured on this machine.")
+    gra.add_argument("student", nargs="*", help="students to grade (default: all in submitted/)")
+    gra.add_argument("--timeout", type=int, default=None,
+                     help="seconds a cell may run (default: per device class, see grade.py)")
+    gra.set_defaults(func=cmd_grade)
+    cal = sub.add_parser(
+        "calibrate", help="derive this machine's thresholds from the reference solution's runs",
+        description="Run the reference solutions' speed and memory checks RUNS times on this "
+                    "machine and write calibration.toml (the rule: autograder/calibrate.py). "
+                    "Prints class defaults against calibrated thresholds.")
+    cal.add_argument("--runs", type=int, default=3, help="runs of the reference (default: %(default)s)")
+    cal.add_argument("--output", type=Path, default=None,
+                     help="calibration file (default: LAB_CALIBRATION or autograder/calibration.toml)")
+    cal.set_defaults(func=cmd_calibrate)
+    rep = sub.add_parser(
+        "report", help="export a student's or the reference's report, or the class summary, as HTML",
+        description="With --student, that student's comparison report from their grading-time "
+                    "results (reports/<student>.html); with --reference, the report of `make "
+                    "run` (build/report.html); with neither, the class summary (reports/class.html).")
+    who = rep.add_mutually_exclusive_group()
+    who.add_argument("--student", help="the student whose report to export")
+    who.add_argument("--reference", action="store_true", help="the reference run's report")
+    rep.add_argument("--build", type=Path, default=COURSE_ROOT.parent / "build",
+                     help="make run's output folder, for --reference (default: build/)")
+    rep.add_argument("--output", type=Path, default=None, help="where to write the HTML")
+    rep.set_defaults(func=cmd_report)
     run = sub.add_parser(
         "run", help="execute the six reference notebooks in order, export the report to HTML",
         description="Execute the masters (reference solutions) headless in order on this "
@@ -446,7 +536,6 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--build", type=Path, default=COURSE_ROOT.parent / "build",
                      help="output folder (default: build/ in the repository)")
     run.set_defaults(func=cmd_run)
-    # collect, grade, calibrate and report will be further subparsers here.
     return p
 
 

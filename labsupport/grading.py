@@ -109,6 +109,9 @@ def threshold_for(check: str, machine: dict) -> tuple[float | None, str, str]:
                {k: machine.get(k) for k in ("device_class", "device_name")}
         if same and check in cal.get("thresholds", {}):
             value = cal["thresholds"][check]
+            if value == "n/a":  # the reference itself cannot clear a meaningful bar here
+                return None, spec["better"], cal.get("na", {}).get(
+                    check, f"not applicable on this machine (calibration file {calibration})")
     return float(value), spec["better"], ""
 
 

@@ -124,13 +124,41 @@ def _cpu_flags_and_model() -> tuple[set[str], str]:
             model.group(1).strip() if model else platform.machine())
 
 
-def cpu_bf16_units(flags: set[str]) -> str:
-    """Name the CPU's bf16 matrix units from its feature flags: "amx", "avx512_bf16" or "none"."""
-    if "amx_bf16" in flags:
+# oneDNN's instruction-set levels, lowest first (its ONEDNN_MAX_CPU_ISA values). bf16 is fast from
+# AVX512_CORE_BF16 up and uses AMX from AVX512_CORE_AMX up; below, oneDNN emulates bf16 (measured
+# on 2 cores at 64 px: a bf16 training step 9x slower than fp32).
+_ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX",
+                "AVX512_CORE_AMX", "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "DEFAULT", "ALL")
+
+
+def cpu_bf16_units(flags: set[str], max_isa: str | None = None) -> str:
+    """Name the bf16 matrix units torch can use: "amx", "avx512_bf16" or "none".
+
+    From the CPU's feature flags, capped by oneDNN's ``ONEDNN_MAX_CPU_ISA`` (``max_isa``; default:
+    the environment), which stops oneDNN from using units the CPU has. Setting it to ``AVX2``
+    makes a CPU with bf16 units behave, and classify, as one without.
+    """
+    if max_isa is None:
+        max_isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL"
+    level = _ONEDNN_ISAS.index(max_isa.upper()) if max_isa.upper() in _ONEDNN_ISAS else len(_ONEDNN_ISAS)
+    if "amx_bf16" in flags and level >= _ONEDNN_ISAS.index("AVX10_1_512_AMX"):
         return "amx"
-    if "avx512_bf16" in flags:
+    if ("avx512_bf16" in flags or "amx_bf16" in flags) and level >= _ONEDNN_ISAS.index("AVX512_CORE_BF16"):
         return "avx512_bf16"
     return "none"
+
+
+def autocast_dtype(machine: "Machine") -> str | None:
+    """The 16-bit type the lab trains and infers in on this machine, or None for float32.
+
+    float16 on GPUs (with a GradScaler for training); bfloat16 on a CPU with bf16 units; float32
+    on a CPU without them, where bf16 is emulated and much slower. The lab's own choice, used for
+    the ladder's rungs after 03, 05's inference and 06's optimised step (Used by: 04, 05, 06).
+    """
+    if machine.device in ("cuda", "mps"):
+        return "float16"
+    return "bfloat16" if machine.bf16 else None
 
 
 def classify(device: str, compute_capability: str | None, cpu_units: str) -> str:

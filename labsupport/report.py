@@ -160,11 +160,24 @@ def export_html(path: Path | str, directory: Path | str | None = None, *, title:
         parts += ["<h2>Missing stages</h2>", "<ul>"] + \
                  [f"<li>{html.escape(m)}</li>" for m in lad.missing] + ["</ul>"]
     for name, fig in figures.items():
-        parts.append(f'<figure><img alt="{name} plot" src="data:image/png;base64,{_png(fig)}"></figure>')
+        parts.append(figure_html(fig, f"{name} plot"))
     for name, frame in (extra or {}).items():
         parts += [f"<h2>{html.escape(name)}</h2>", frame.to_html(na_rep="", classes="extra")]
     if analysis:
         parts += ["<h2>Analysis</h2>", f"<p>{html.escape(analysis)}</p>"]
+    return write_page(path, title, parts)
+
+
+def figure_html(fig, alt: str) -> str:
+    """A matplotlib figure as an ``<img>`` with the PNG embedded (no file, no network)."""
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{_png(fig)}"></figure>'
+
+
+def write_page(path: Path | str, title: str, parts: list[str]) -> Path:
+    """Write one self-contained HTML page of ``parts`` (HTML snippets) with the report's style.
+
+    Used by: export_html and the instructor's class summary (autograder/reports.py).
+    """
     style = ("body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
              "text-align:right}th{background:#f3f3f3}img{max-width:100%}")
@@ -183,18 +196,22 @@ def default_path() -> Path:
     return Path(os.environ.get("LAB_REPORT", Path("build") / "report.html"))
 
 
-def optimised_config(device_type: str):
-    """The fully optimised training step of the ladder for a device (Used by: 06's end-to-end check).
+def optimised_config(machine):
+    """The fully optimised training step of the ladder on ``machine`` (Used by: 06's end-to-end check).
 
-    16-bit autocast with channels_last everywhere (fp16 with a GradScaler on GPUs, bf16 on CPUs),
-    and torch.compile where it pays for training: on CUDA. On the CPU of the CI machine class
-    compile made the training step no faster (05), and the larger checkpointed batch bought
-    memory, not speed (04), so neither is in the CPU's optimised step.
+    16-bit autocast with channels_last where the hardware is fast in 16 bits (fp16 with a
+    GradScaler on GPUs, bf16 on CPUs with bf16 units; :func:`~labsupport.hardware.autocast_dtype`),
+    and torch.compile where it pays for training: on CUDA. On a CPU compile made the training step
+    no faster (05), and the larger checkpointed batch bought memory, not speed (04), so neither is
+    in the CPU's optimised step; on a CPU without bf16 units it stays in float32.
     """
+    from .hardware import Machine, autocast_dtype
     from .train import StepConfig
 
-    if device_type == "cuda":
-        return StepConfig(amp_dtype="float16", grad_scaler=True, channels_last=True, compiled=True)
-    if device_type == "mps":
-        return StepConfig(amp_dtype="float16", channels_last=True)
-    return StepConfig(amp_dtype="bfloat16", channels_last=True)
+    if not isinstance(machine, Machine):
+        raise TypeError(f"optimised_config takes lab.machine, not {machine!r}")
+    dtype = autocast_dtype(machine)
+    if dtype is None:
+        return StepConfig()
+    return StepConfig(amp_dtype=dtype, grad_scaler=dtype == "float16", channels_last=True,
+                      compiled=machine.device == "cuda")

@@ -9,27 +9,20 @@ exactly the code students are compared with. Runs on the tiny profile and datase
 graded there only where a test asks for it (``tiny:grades_speed=1``).
 """
 
-from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 
 import labsupport as ls
+from autograder.calibrate import reference_namespace
 from labsupport import checks
+from labsupport.hardware import describe_machine
 
-MASTERS = Path(__file__).resolve().parent.parent / "autograder" / "source" / "lab"
 
 
 def solution(notebook: str, *cell_ids: str) -> dict:
     """A namespace holding the master notebook's code from the given cells (solutions included)."""
-    nb = nbformat.read(next(MASTERS.glob(f"{notebook}_*.ipynb")), as_version=4)
-    namespace = {"ls": ls, "torch": torch, "F": torch.nn.functional, "pd": __import__("pandas"),
-                 "lab": checks._lab()}
-    for cell in nb.cells:
-        if cell.get("id") in cell_ids:
-            exec(compile(cell.source, f"{notebook}:{cell.id}", "exec"), namespace)
-    return namespace
+    return reference_namespace(notebook, cell_ids=cell_ids)
 
 
 @pytest.fixture(autouse=True)
@@ -62,14 +55,14 @@ def test_01_throughput_without_warmup_fails():
     honest = ns["measure_throughput"]
     ns["measure_throughput"] = lambda step, device, *, warmup, steps, samples_per_step: honest(
         step, device, warmup=0, steps=steps + warmup, samples_per_step=samples_per_step)
-    result = checks.run("01", ns)["01-throughput-error"]
+    result = checks.run("01", ns, only=("01-throughput-error",))["01-throughput-error"]
     assert result.status == "fail" and "p95" in result.note, result.note
 
 
 def test_01_diagnose_by_largest_single_phase_fails():
     ns = {"diagnose": lambda b: {"data wait": "data", "host to device": "transfer", "forward": "compute",
                                  "backward": "compute", "optimizer": "optimizer"}[max(b, key=b.get)]}
-    result = checks.run("01", ns)["01-diagnose"]
+    result = checks.run("01", ns, only=("01-diagnose",))["01-diagnose"]
     assert result.status == "fail" and result.measured < 1
 
 
@@ -77,7 +70,7 @@ def test_01_trace_must_be_a_chrome_trace(tmp_path):
     path = ls.results.results_dir() / "traces" / "01-trace.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("not json")
-    result = checks.run("01", {})["01-trace"]
+    result = checks.run("01", {}, only=("01-trace",))["01-trace"]
     assert result.status == "fail" and "not a Chrome trace" in result.note
 
 
@@ -85,8 +78,9 @@ def test_01_trace_must_be_a_chrome_trace(tmp_path):
 
 def test_02_reference_delivers_the_same_data():
     found = checks.run("02", solution("02", "make_fast_loader"))
-    assert found["02-loader-speedup"].status == "n/a"  # tiny never grades speed
-    assert found["02-data-wait-share"].status == "pass", found["02-data-wait-share"].note
+    # tiny never grades speed (nor a step's time shares); n/a is only given to correct data
+    assert found["02-loader-speedup"].status == "n/a", found["02-loader-speedup"].note
+    assert found["02-data-wait-share"].status == "n/a", found["02-data-wait-share"].note
 
 
 def test_02_loader_that_drops_samples_fails():
@@ -107,7 +101,7 @@ def test_02_loader_with_other_pixels_fails():
     honest = ns["make_fast_loader"]
     ns["make_fast_loader"] = lambda lab, split="train", augment=True: (
         [(x * 1.01, y) for x, y in honest(lab, split, augment)])
-    result = checks.run("02", ns)["02-loader-speedup"]
+    result = checks.run("02", ns, only=("02-loader-speedup",))["02-loader-speedup"]
     assert result.status == "fail" and "pixel values differ" in result.note
 
 
@@ -115,7 +109,7 @@ def test_02_naive_loader_in_disguise_is_not_3x(monkeypatch):
     monkeypatch.setenv("LAB_PROFILE", "tiny:grades_speed=1")
     ns = {"make_fast_loader": lambda lab, split="train", augment=True: ls.pipeline.naive_loader(
         lab.profile, split=split, augment=augment, seed=lab.seed)}
-    result = checks.run("02", ns)["02-loader-speedup"]
+    result = checks.run("02", ns, only=("02-loader-speedup",))["02-loader-speedup"]
     assert result.status == "fail" and result.measured < 2, result
 
 
@@ -126,7 +120,9 @@ AMP_CELLS = ("choose_precision", "amp_train_step")
 
 def test_03_reference_trains_and_saves_memory():
     found = checks.run("03", solution("03", *AMP_CELLS))
-    assert found["03-activation-ratio"].status == "pass", found["03-activation-ratio"].note
+    # On class cpu (no bf16 units) the reference stays in float32 and the saving is not graded.
+    saving = "n/a" if describe_machine().device_class == "cpu" else "pass"
+    assert found["03-activation-ratio"].status == saving, found["03-activation-ratio"].note
     assert found["03-fp16-scaler"].status == "pass", found["03-fp16-scaler"].note
     assert found["03-amp-speedup"].status == "n/a" and found["03-accuracy-gap"].status == "n/a"
 
@@ -139,7 +135,7 @@ def test_03_step_that_skips_backward_fails():
             return torch.nn.functional.cross_entropy(model(images), labels).float()
     ns["amp_train_step"] = no_backward
     found = checks.run("03", ns)
-    for check in ("03-amp-speedup", "03-activation-ratio", "03-fp16-scaler"):
+    for check in ("03-amp-speedup", "03-activation-ratio", "03-fp16-scaler", "03-accuracy-gap"):
         assert found[check].status == "fail", found[check]
     assert "did not change" in found["03-amp-speedup"].note
 
@@ -155,14 +151,16 @@ def test_03_fp16_step_without_a_scaler_fails():
         optimizer.step()
         return loss.detach()
     ns["amp_train_step"] = unscaled
-    result = checks.run("03", ns)["03-fp16-scaler"]
+    result = checks.run("03", ns, only=("03-fp16-scaler",))["03-fp16-scaler"]
     assert result.status == "fail" and "inf/NaN" in result.note, result.note
 
 
 def test_03_fp32_in_disguise_saves_no_memory():
+    if describe_machine().device_class == "cpu":
+        pytest.skip("class cpu trains in float32: the 16-bit activation saving is n/a there")
     ns = solution("03", *AMP_CELLS)
     ns["choose_precision"] = lambda machine: {"dtype": None, "channels_last": False}
-    result = checks.run("03", ns)["03-activation-ratio"]
+    result = checks.run("03", ns, only=("03-activation-ratio",))["03-activation-ratio"]
     assert result.status == "fail" and result.measured > 0.9
 
 
@@ -173,7 +171,7 @@ def test_graded_checks_ignore_a_monkeypatched_labsupport(monkeypatch):
     monkeypatch.setattr(ls.measure, "compare", lambda *a, **k: fake)
     ns = {"make_fast_loader": lambda lab, split="train", augment=True: ls.pipeline.naive_loader(
         lab.profile, split=split, augment=augment, seed=lab.seed)}
-    result = ls.grading.fresh().checks.run("02", ns)["02-loader-speedup"]
+    result = ls.grading.fresh().checks.run("02", ns, only=("02-loader-speedup",))["02-loader-speedup"]
     assert result.status == "fail" and result.measured < 2
 
 
@@ -199,7 +197,7 @@ def test_04_checkpointing_without_frozen_batchnorm_fails():
 
     ns = solution("04", *CKPT_CELLS)
     ns["checkpoint"] = lambda fn, x, use_reentrant, context_fn=None: cp.checkpoint(fn, x, use_reentrant=False)
-    result = checks.run("04", ns)["04-grad-match"]
+    result = checks.run("04", ns, only=("04-grad-match",))["04-grad-match"]
     assert result.status == "fail" and "BatchNorm running statistics" in result.note, result.note
 
 
@@ -227,7 +225,7 @@ def test_04_accumulation_that_steps_every_micro_batch_or_averages_unevenly_fails
 def test_04_missing_segments_choice_is_explained():
     ns = solution("04", *CKPT_CELLS)
     ns["SEGMENTS"] = 12
-    result = checks.run("04", ns)["04-grad-match"]
+    result = checks.run("04", ns, only=("04-grad-match",))["04-grad-match"]
     assert result.status == "fail" and "from 1 to 9" in result.note
 
 
@@ -240,13 +238,13 @@ def test_05_break_even_and_outputs_are_checked_without_waiting_for_inductor():
     assert found["05-break-even"].status == "pass", found["05-break-even"]
     assert found["05-compile-speedup"].status == "n/a"  # tiny never grades speed
     ns["break_even_steps"] = lambda c, e, k: c / (e - k)  # forgot the ms/s conversion and the never-pays case
-    assert checks.run("05", ns)["05-break-even"].status == "fail"
+    assert checks.run("05", ns, only=("05-break-even",))["05-break-even"].status == "fail"
 
 
 def test_05_compiled_model_with_other_outputs_fails():
     ns = solution("05", "break_even_steps")
     ns["compile_inference"] = lambda model: (lambda x: model(x) * 1.5)
-    result = checks.run("05", ns)["05-compile-speedup"]
+    result = checks.run("05", ns, only=("05-compile-speedup",))["05-compile-speedup"]
     assert result.status == "fail" and "differ from eager" in result.note
 
 

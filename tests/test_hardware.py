@@ -23,13 +23,37 @@ def test_classify(device, capability, units, expected):
 
 
 def test_bf16_units_from_cpu_flags():
-    assert cpu_bf16_units({"avx2", "amx_bf16", "avx512_bf16"}) == "amx"
-    assert cpu_bf16_units({"avx512f", "avx512_bf16"}) == "avx512_bf16"
-    assert cpu_bf16_units({"avx2", "avx512f"}) == "none"
+    assert cpu_bf16_units({"avx2", "amx_bf16", "avx512_bf16"}, "ALL") == "amx"
+    assert cpu_bf16_units({"avx512f", "avx512_bf16"}, "ALL") == "avx512_bf16"
+    assert cpu_bf16_units({"avx2", "avx512f"}, "ALL") == "none"
+
+
+def test_onednn_isa_cap_hides_bf16_units(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA stops oneDNN from using the units, so the class follows it."""
+    amx = {"avx2", "amx_bf16", "avx512_bf16"}
+    assert cpu_bf16_units(amx, "avx2") == "none"
+    assert cpu_bf16_units(amx, "AVX512_CORE_BF16") == "avx512_bf16"
+    assert cpu_bf16_units(amx, "AVX512_CORE_AMX") == "amx"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert cpu_bf16_units(amx) == "none"
+
+
+@pytest.mark.parametrize("device, bf16, expected", [
+    ("cuda", True, "float16"), ("mps", False, "float16"), ("cpu", True, "bfloat16"), ("cpu", False, None)])
+def test_the_lab_trains_in_16_bits_only_where_it_is_fast(device, bf16, expected):
+    machine = hardware.describe_machine(torch.device("cpu"))
+    machine = hardware.dataclasses.replace(machine, device=device, bf16=bf16)
+    assert hardware.autocast_dtype(machine) == expected
+    from labsupport.report import optimised_config
+    config = optimised_config(machine)
+    assert config.amp_dtype == expected and config.channels_last == (expected is not None)
+    assert config.grad_scaler == (expected == "float16") and config.compiled == (device == "cuda")
 
 
 def test_this_machine_is_classified_from_its_cpu_flags(monkeypatch):
     monkeypatch.delenv("LAB_DEVICE", raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     machine = hardware.describe_machine()
     assert machine.device_class in hardware.DEVICE_CLASSES
     assert machine.torch_version == torch.__version__ and machine.cpu_cores >= 1

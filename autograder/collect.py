@@ -1,0 +1,159 @@
+"""``collect``: put a folder of submissions into nbgrader's ``submitted/<student>/<assignment>/``.
+
+The inbox holds one entry per student: a folder ``<student>/`` or a zip file ``<student>.zip``
+(an LMS download, a shared drive). Inside, the notebooks may sit at any depth. Each student is
+collected on their own: a malformed zip, a missing or misnamed notebook or an unreadable one
+gives a message for that student, and the others are collected all the same.
+
+Names are matched leniently where the intent is plain (``Copy of 02_data_loading.ipynb`` from
+Colab, ``02_data_loading (1).ipynb`` from a browser download, ``02-Data-Loading.ipynb``), and
+the student is told; anything else is reported as unexpected and not graded.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import nbformat
+
+from . import course
+
+STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]*$")
+_IGNORED_PARTS = {"__MACOSX", ".ipynb_checkpoints"}
+
+
+@dataclass
+class Collected:
+    """What collect did with one student's entry in the inbox."""
+
+    student: str
+    source: str  # the inbox entry: folder or zip name
+    notebooks: list[str] = field(default_factory=list)  # collected, by notebook name
+    problems: list[str] = field(default_factory=list)  # one sentence each: what is wrong, what to do
+    renamed: list[str] = field(default_factory=list)  # "their name -> our name"
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def canonical(name: str) -> str:
+    """A notebook file name reduced to what identifies it: no 'Copy of', '(1)', case or -/_ ."""
+    stem = name[:-len(".ipynb")] if name.lower().endswith(".ipynb") else name
+    stem = re.sub(r"^(copy of\s+)+", "", stem.strip(), flags=re.IGNORECASE)
+    stem = re.sub(r"\s*\(\d+\)$|\s*-\s*copy$|\s+copy$", "", stem, flags=re.IGNORECASE)
+    return re.sub(r"[\s_-]+", "_", stem).lower()
+
+
+def _notebook_files(entry: Path):
+    """(relative name, bytes reader) for every .ipynb in a folder or zip, skipping OS litter."""
+    if entry.is_dir():
+        for path in sorted(entry.rglob("*.ipynb")):
+            rel = path.relative_to(entry)
+            if not _IGNORED_PARTS & set(rel.parts) and not rel.name.startswith("._"):
+                yield str(rel), path.read_bytes
+        return
+    with zipfile.ZipFile(entry) as archive:  # BadZipFile is handled by the caller
+        for info in archive.infolist():
+            rel = PurePosixPath(info.filename)
+            if info.is_dir() or rel.suffix.lower() != ".ipynb" or _IGNORED_PARTS & set(rel.parts) \
+                    or rel.name.startswith("._"):
+                continue
+            yield str(rel), (lambda info=info: archive.read(info))
+
+
+def collect_one(entry: Path, expected: list[str], destination: Path) -> Collected:
+    """Collect one inbox entry into ``destination/<student>/`` (replacing what was there)."""
+    student = entry.stem if entry.suffix.lower() == ".zip" else entry.name
+    result = Collected(student, entry.name)
+    if not STUDENT_ID.match(student):
+        result.problems.append(f"{entry.name}: {student!r} is not a usable student id (letters, "
+                               "digits and _ . @ + - only): rename the folder or zip to the student's id.")
+        return result
+    by_canonical = {canonical(name): name for name in expected}
+    found: dict[str, tuple[str, bytes]] = {}
+    try:
+        for rel, read in _notebook_files(entry):
+            name = PurePosixPath(rel).name
+            target = name[:-len(".ipynb")] if name in {f"{e}.ipynb" for e in expected} \
+                else by_canonical.get(canonical(name))
+            if target is None:
+                result.problems.append(f"{rel}: not a notebook of this lab (expected "
+                                       f"{', '.join(e + '.ipynb' for e in expected)}); it is not graded.")
+                continue
+            if target in found:
+                result.problems.append(f"{rel}: a second copy of {target}.ipynb (kept "
+                                       f"{found[target][0]}); submit one copy of each notebook.")
+                continue
+            found[target] = (rel, read())
+    except zipfile.BadZipFile as err:
+        result.problems.append(f"{entry.name}: not a readable zip file ({err}); ask {student} to "
+                               "submit again (a zip of the notebooks), or unpack it into a folder.")
+        return result
+    folder = destination / student / "lab_tmp"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for target, (rel, data) in sorted(found.items()):
+        try:
+            nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+        except Exception as err:  # JSON, encoding or schema: the student must resubmit this one
+            result.problems.append(f"{rel}: not a readable notebook ({type(err).__name__}: "
+                                   f"{str(err).splitlines()[0][:120]}); {target}.ipynb scores 0 "
+                                   "unless it is resubmitted.")
+            continue
+        nbformat.write(nb, folder / f"{target}.ipynb")
+        result.notebooks.append(target)
+        if PurePosixPath(rel).name != f"{target}.ipynb":
+            result.renamed.append(f"{rel} -> {target}.ipynb")
+    for name in expected:
+        if name not in found:
+            result.problems.append(f"{name}.ipynb is missing: it scores 0 unless it is submitted.")
+    return result
+
+
+def collect(inbox: Path, course_root: Path = course.COURSE_ROOT) -> list[Collected]:
+    """Collect every student folder or zip in ``inbox`` into ``course_root/submitted/``.
+
+    A student's earlier submission is replaced. Returns one Collected per inbox entry, in name
+    order; entries that are neither a folder nor a zip are reported and skipped.
+    """
+    inbox, course_root = Path(inbox), Path(course_root)
+    if not inbox.is_dir():
+        raise course.CourseError(f"{inbox} is not a folder: pass the folder that holds one folder "
+                                 "or zip file per student.")
+    assignment = course.assignment_id(course_root)
+    expected = [p.stem for p in course.masters(course_root)]
+    submitted = course_root / "submitted"
+    out = []
+    for entry in sorted(inbox.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if not (entry.is_dir() or entry.suffix.lower() == ".zip"):
+            out.append(Collected(entry.stem, entry.name, problems=[
+                f"{entry.name}: neither a student folder nor a zip file; it was skipped."]))
+            continue
+        result = collect_one(entry, expected, submitted)
+        staged = submitted / result.student / "lab_tmp"
+        if staged.is_dir():  # swap in the new submission only once it was read
+            final = submitted / result.student / assignment
+            shutil.rmtree(final, ignore_errors=True)
+            staged.rename(final)
+        out.append(result)
+    return out
+
+
+def print_collected(collected: list[Collected]) -> None:
+    """One line per student, then their problems and renames, indented."""
+    for c in collected:
+        status = "ok" if c.ok else "PROBLEMS"
+        print(f"{c.student:20s} {len(c.notebooks)} notebook(s) collected  {status}")
+        for line in c.renamed:
+            print(f"    renamed: {line}")
+        for line in c.problems:
+            print(f"    {line}")
+    bad = sum(not c.ok for c in collected)
+    print(f"{len(collected)} submission(s) collected, {bad} with problems (listed above).")

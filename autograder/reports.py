@@ -1,0 +1,127 @@
+"""``report``: a student's (or the reference's) comparison report, and the class summary, as HTML.
+
+Both are made with the lab's own report code (labsupport/report.py), so an instructor sees the
+page a student exported, built from the measurements taken on the grading machine:
+
+- a student's report reads ``results/<student>/`` (written while grade ran their notebooks) and
+  adds their scores per graded cell;
+- the reference's reads ``build/run/results`` (written by ``make run``);
+- the class summary reads ``grades_by_check.csv``, ``grading_summary.csv`` and every student's
+  results: the distribution of the measured speedups per rung, and the scores per check.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import pandas as pd
+
+from . import course
+
+
+def _scores(course_root: Path) -> pd.DataFrame:
+    path = Path(course_root) / "grades_by_check.csv"
+    if not path.exists():
+        raise course.CourseError(f"{path} does not exist: run `python -m autograder grade` first.")
+    return pd.read_csv(path)
+
+
+def student_report(course_root: Path, student: str, out: Path | None = None) -> Path:
+    """Export ``student``'s comparison report (their grading-time measurements) as HTML."""
+    from labsupport import report
+
+    course_root = Path(course_root)
+    results = course_root / "results" / student
+    if not results.is_dir():
+        graded = sorted(p.name for p in (course_root / "results").glob("*") if p.is_dir())
+        raise course.CourseError(f"No grading results for {student!r} in {results.parent}: grade them "
+                                 f"first (graded so far: {', '.join(graded) or 'nobody'}).")
+    scores = _scores(course_root)
+    mine = scores[scores.student == student].drop(columns=["student"]).set_index(["notebook", "cell"])
+    out = Path(out) if out else course_root / "reports" / f"{student}.html"
+    return report.export_html(out, results, title=f"PyTorch Performance Lab: {student}",
+                              extra={"Scores per graded cell": mine})
+
+
+def reference_report(build: Path, out: Path | None = None) -> Path:
+    """Export the reference run's report (``make run``'s results) as HTML."""
+    from labsupport import report
+
+    results = Path(build) / "run" / "results"
+    if not results.is_dir():
+        raise course.CourseError(f"{results} does not exist: run `make run` (python -m autograder run) first.")
+    return report.export_html(Path(out) if out else Path(build) / "report.html", results,
+                              title="PyTorch Performance Lab: reference solution")
+
+
+def speedups(course_root: Path) -> pd.DataFrame:
+    """Cumulative speedup per rung (columns) per graded student (rows), from their results."""
+    from labsupport import report
+
+    rows = {}
+    for folder in sorted((Path(course_root) / "results").glob("*")):
+        if folder.is_dir():
+            table = report.ladder(folder).table
+            rows[folder.name] = table["speedup (cumulative)"] if not table.empty else pd.Series(dtype=float)
+    frame = pd.DataFrame(rows).T
+    return frame.reindex(columns=[label for _, label in report.RUNGS if label in frame.columns])
+
+
+def class_plots(scores: pd.DataFrame, ups: pd.DataFrame) -> dict[str, object]:
+    """The class summary's figures: speedups per rung (one dot per student), share of points per check."""
+    from matplotlib.figure import Figure
+
+    figures = {}
+    if not ups.empty and ups.notna().any().any():
+        fig = Figure(figsize=(7, 3.6))
+        ax = fig.subplots()
+        for i, rung in enumerate(ups.columns):
+            vals = ups[rung].dropna()
+            ax.scatter([i] * len(vals), vals, alpha=0.6, color="#4c72b0")
+            if len(vals):
+                ax.hlines(vals.median(), i - 0.3, i + 0.3, color="#dd8452")
+        ax.set_xticks(range(len(ups.columns)), ups.columns, rotation=20, ha="right")
+        ax.set(ylabel="speedup against the baseline", title="Measured speedups per rung (median in orange)")
+        figures["speedups"] = fig
+    auto = scores[~scores.needs_manual_grade.astype(bool)] if "needs_manual_grade" in scores else scores
+    if not auto.empty:
+        per_cell = auto.groupby(["notebook", "cell"]).agg(score=("score", "sum"), max=("max_score", "sum"))
+        share = (per_cell.score / per_cell["max"]).fillna(0)
+        fig = Figure(figsize=(7, 0.3 * len(share) + 1))
+        ax = fig.subplots()
+        ax.barh([f"{n[:2]} {c}" for n, c in share.index][::-1], share.values[::-1], color="#55a868")
+        ax.set(xlim=(0, 1), xlabel="share of the class's possible points", title="Scores per check")
+        figures["scores"] = fig
+    return figures
+
+
+def class_report(course_root: Path, out: Path | None = None) -> Path:
+    """The class summary in one HTML file: scores per student and per check, speedup distributions."""
+    from labsupport import report
+
+    course_root = Path(course_root)
+    scores = _scores(course_root)
+    summary_path = course_root / "grading_summary.csv"
+    status = pd.read_csv(summary_path) if summary_path.exists() else pd.DataFrame()
+    totals = scores.groupby("student").agg(score=("score", "sum"), max=("max_score", "sum"))
+    if not status.empty:
+        problems = status[status.status != "graded"].groupby("student").apply(
+            lambda g: ", ".join(f"{n} {s}" for n, s in zip(g.notebook, g.status)), include_groups=False)
+        totals["not graded normally"] = problems.reindex(totals.index).fillna("")
+    per_check = scores.groupby(["notebook", "cell"]).agg(
+        students=("student", "nunique"), mean=("score", "mean"), max=("max_score", "max"),
+        full_marks=("score", lambda s: int((s == scores.loc[s.index, "max_score"]).sum())))
+    ups = speedups(course_root)
+    parts = [f"<h1>Class summary: {html.escape(course.assignment_id(course_root))}</h1>",
+             f"<p>{len(totals)} graded submission(s).</p>",
+             "<h2>Scores per student</h2>", totals.to_html(classes="students", float_format=lambda v: f"{v:g}"),
+             "<h2>Scores per check</h2>", per_check.to_html(classes="checks", float_format=lambda v: f"{v:.2f}")]
+    if not ups.empty:
+        parts += ["<h2>Measured speedups (cumulative, against each student's own baseline)</h2>",
+                  ups.to_html(classes="speedups", float_format=lambda v: f"{v:.2f}x", na_rep="")]
+    for name, fig in class_plots(scores, ups).items():
+        parts.append(report.figure_html(fig, f"{name} plot"))
+    out = Path(out) if out else course_root / "reports" / "class.html"
+    return report.write_page(out, "PyTorch Performance Lab: class summary", parts)
+

@@ -1,0 +1,164 @@
+"""Scenario submissions for the instructor pipeline's tests, built from the release and the masters.
+
+Each scenario is what one kind of student hands in, as ``{notebook name: notebook}``; a notebook
+left out of a scenario is a missing notebook (it scores 0). They are built, not committed, so
+they follow the masters whenever the lab changes:
+
+- ``reference``: the release with every solution cell taken from the master.
+- ``unchanged``: the release as handed out.
+- ``hardcoded``: prints and stores excellent numbers without doing the work (02 returns the naive
+  loader, 03 trains in fp32, 05 does not compile).
+- ``wrong-but-fast``: fast answers that are wrong (02 drops a batch per epoch, 03 skips backward,
+  04 accumulates without scaling the loss).
+- ``monkeypatch``: no solutions, but a cell replaces labsupport's timing and grading functions
+  (``measure.compare``, ``grading.judge``, ``checks.run``, ``check``) with ones that say pass.
+- ``crash``: in 01, the cell that defines ``diagnose`` raises first.
+- ``infinite-loop``: in 01, the cell that defines ``measure_throughput`` never ends.
+- ``tampered``: in 02, no solution, and the test cells and the graded-checks cell are edited to
+  pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import nbformat
+
+SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$\n?", re.MULTILINE)
+
+
+def _by_id(nb, grade_id: str):
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell
+    raise KeyError(f"no cell with grade_id {grade_id!r}")
+
+
+def _insert_after(nb, grade_id: str, source: str) -> None:
+    """Add a new code cell after the cell ``grade_id`` (students can add cells anywhere)."""
+    index = nb.cells.index(_by_id(nb, grade_id))
+    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source))
+
+
+def reference(release: dict, masters: dict) -> dict:
+    """The release with every solution cell (code and written answers) from the master."""
+    out = {}
+    for name, nb in release.items():
+        nb = copy.deepcopy(nb)
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("solution"):
+                cell.source = SOLUTION_MARKERS.sub("", _by_id(masters[name], meta["grade_id"]).source)
+        out[name] = nb
+    return out
+
+
+def build(scenario: str, release: dict, masters: dict) -> dict:
+    """The notebooks of ``scenario`` (see the module docstring), keyed by notebook name."""
+    ref = reference(release, masters)
+    plain = copy.deepcopy(release)
+    if scenario == "reference":
+        return ref
+    if scenario == "unchanged":
+        return plain
+    if scenario == "hardcoded":
+        nbs = {n: ref[n] for n in ("02_data_loading", "03_amp", "05_compile")}
+        _by_id(nbs["02_data_loading"], "make_fast_loader").source = (
+            'def make_fast_loader(lab, split="train", augment=True):\n'
+            '    return ls.pipeline.naive_loader(lab.profile, split=split, augment=augment)\n\n'
+            'loader_speedup = 6.2\nprint("my loader: 6.2x faster than the naive one, data wait 0.4%")')
+        _by_id(nbs["03_amp"], "amp_train_step").source = (
+            "import torch.nn.functional as F\n\n\n"
+            "def amp_train_step(model, optimizer, scaler, images, labels, dtype):\n"
+            "    optimizer.zero_grad(set_to_none=True)\n"
+            "    loss = F.cross_entropy(model(images), labels)  # fp32: no autocast\n"
+            "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n"
+            "    return loss.detach()\n\n"
+            'amp_speedup = 1.9\nprint("bf16 step: 1.9x faster, activations 45% of fp32")')
+        _by_id(nbs["05_compile"], "compile_inference").source = (
+            "def compile_inference(model):\n    return model  # not compiled\n\n"
+            'compile_speedup = 1.8\nprint("compiled inference: 1.8x faster")')
+        return nbs
+    if scenario == "wrong-but-fast":
+        nbs = {n: ref[n] for n in ("02_data_loading", "03_amp", "04_checkpointing")}
+        _insert_after(nbs["02_data_loading"], "make_fast_loader", (
+            "_honest_loader = make_fast_loader\n\n\n"
+            'def make_fast_loader(lab, split="train", augment=True):\n'
+            '    """Faster: it skips the first batch of every epoch."""\n'
+            "    loader = _honest_loader(lab, split, augment)\n\n"
+            "    class Dropping:\n"
+            "        def __len__(self):\n            return len(loader) - 1\n\n"
+            "        def __iter__(self):\n            it = iter(loader)\n            next(it)\n"
+            "            yield from it\n"
+            "    return Dropping()"))
+        _by_id(nbs["03_amp"], "amp_train_step").source = (
+            "import torch.nn.functional as F\n\n\n"
+            "def amp_train_step(model, optimizer, scaler, images, labels, dtype):\n"
+            "    with torch.autocast(images.device.type, dtype=dtype):\n"
+            "        loss = F.cross_entropy(model(images), labels)\n"
+            "    return loss.detach()  # no backward, no optimizer step: very fast")
+        _by_id(nbs["04_checkpointing"], "accumulate_step").source = (
+            "def accumulate_step(model, optimizer, images, labels, micro_batches):\n"
+            "    optimizer.zero_grad(set_to_none=True)\n"
+            "    total = torch.zeros((), device=images.device)\n"
+            "    for x, y in zip(images.tensor_split(micro_batches), labels.tensor_split(micro_batches)):\n"
+            "        loss = F.cross_entropy(model(x), y)  # not scaled by the micro-batch's share\n"
+            "        loss.backward()\n        total += loss.detach()\n"
+            "    optimizer.step()\n    return total / micro_batches")
+        return nbs
+    if scenario == "monkeypatch":
+        nbs = {n: plain[n] for n in ("02_data_loading", "04_checkpointing")}
+        patch = (
+            "import labsupport, labsupport.checks, labsupport.grading, labsupport.measure\n"
+            "from labsupport.grading import CheckResult\n\n\n"
+            "def always_pass(check, measured, machine, **kwargs):\n"
+            '    return CheckResult(check, 10.0, 1.0, "higher", machine["device_class"], "pass")\n\n\n'
+            "class Ten:\n    median = 10.0\n\n\n"
+            "class FakeComparison:\n    speedup = Ten()\n\n\n"
+            "labsupport.grading.judge = always_pass\n"
+            "labsupport.measure.compare = lambda *args, **kwargs: FakeComparison()\n"
+            "labsupport.checks.run = lambda notebook, namespace, **kw: {}\n"
+            "labsupport.check = lambda *args, **kwargs: None")
+        _insert_after(nbs["02_data_loading"], "make_fast_loader", patch)
+        _insert_after(nbs["04_checkpointing"], "accumulate_step", patch)
+        return nbs
+    if scenario == "crash":
+        nbs = {"01_profile": ref["01_profile"]}
+        cell = _by_id(nbs["01_profile"], "diagnose")
+        cell.source = 'raise RuntimeError("a bug in my diagnose cell")\n\n' + cell.source
+        return nbs
+    if scenario == "infinite-loop":
+        nbs = {"01_profile": ref["01_profile"]}
+        cell = _by_id(nbs["01_profile"], "measure_throughput")
+        cell.source = "while True:  # waits for a condition that never comes\n    pass\n\n" + cell.source
+        return nbs
+    if scenario == "tampered":
+        nbs = {"02_data_loading": plain["02_data_loading"]}
+        nb = nbs["02_data_loading"]
+        _by_id(nb, "graded_checks").source = (
+            "from labsupport.grading import CheckResult\n\n"
+            'graded = {c: CheckResult(c, 9.0, 1.0, "higher", "cpu", "pass")\n'
+            '          for c in ("02-loader-speedup", "02-data-wait-share")}')
+        for grade_id in ("test_loader_speedup", "test_data_wait"):
+            cell = _by_id(nb, grade_id)
+            cell.source = cell.source.splitlines()[0] + "\npass  # trust me"
+        return nbs
+    raise ValueError(f"unknown scenario {scenario!r}")
+
+
+SCENARIOS = ("reference", "unchanged", "hardcoded", "wrong-but-fast", "monkeypatch", "crash",
+             "infinite-loop", "tampered")
+
+
+def write(scenario: str, release_dir: Path, masters_dir: Path, folder: Path) -> list[Path]:
+    """Write ``scenario``'s notebooks into ``folder`` (a student's submission folder)."""
+    read = lambda d: {p.stem: nbformat.read(p, as_version=4) for p in sorted(Path(d).glob("*.ipynb"))}  # noqa: E731
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, nb in build(scenario, read(release_dir), read(masters_dir)).items():
+        path = folder / f"{name}.ipynb"
+        nbformat.write(nb, path)
+        written.append(path)
+    return written

@@ -1,0 +1,282 @@
+"""The instructor pipeline proven end to end, in the manner of nbgrader's own tests: scenario
+submissions (tests/scenarios.py) are collected from an inbox, graded in a temporary course and
+checked for their exact scores per notebook, feedback files, summary and reports.
+
+The scenarios run on the tiny profile and dataset to keep CI fast. The tiny profile grades no
+speed (those checks say n/a after the student's code ran, and n/a earns the points), so what a
+cheat gains or loses on speed is proven at the real profile in
+``test_hardcoded_answers_fail_the_speed_checks_at_the_real_profile``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+
+import nbformat
+import pandas as pd
+import pytest
+
+import scenarios
+from autograder import calibrate, collect, course, grade, reports
+from labsupport import checks
+from labsupport.hardware import describe_machine
+
+POINTS = {  # grade id -> points, read from the masters (asserted against them below)
+    "01_profile": {"test_throughput": 3, "test_throughput_sync": 1, "test_diagnose": 2, "test_trace": 1},
+    "02_data_loading": {"test_loader_speedup": 3, "test_data_wait": 2},
+    "03_amp": {"test_accuracy": 2, "test_amp_speedup": 3, "test_activation_memory": 2, "test_fp16_scaler": 2},
+    "04_checkpointing": {"test_grad_match": 2, "test_activation_ratio": 2, "test_peak_ratio": 1,
+                         "test_fits_budget": 2, "test_time_overhead": 1, "test_accumulation": 2},
+    "05_compile": {"test_compile_speedup": 3, "test_break_even": 2},
+    "06_report": {"test_stages": 2, "test_ladder_table": 2, "test_end_to_end": 3, "test_html": 1},
+}
+
+# What each scenario loses, cell by cell, on the tiny profile: {notebook: cells that score 0}.
+# Notebooks a scenario does not submit are missing and score 0; notebooks not listed score full.
+LOSES = {
+    "reference": {},
+    "unchanged": {nb: set(cells) for nb, cells in POINTS.items()},
+    # fp32 "AMP" keeps fp32 activations (graded where the lab trains in 16 bits: not on class
+    # cpu), and without autocast an overflowing float16 step is applied; the speed cells are n/a
+    # on this profile (proven failing at the real profile).
+    "hardcoded": {"03_amp": {"test_fp16_scaler"} | (
+        set() if describe_machine().device_class == "cpu" else {"test_activation_memory"})},
+    # correctness partners: a dropped batch fails both 02 checks; no backward fails every 03
+    # check that trains; an unscaled accumulation gives other gradients than the large batch.
+    "wrong-but-fast": {"02_data_loading": {"test_loader_speedup", "test_data_wait"},
+                       "03_amp": {"test_accuracy", "test_amp_speedup", "test_activation_memory",
+                                  "test_fp16_scaler"},
+                       "04_checkpointing": {"test_accumulation"}},
+    # patched labsupport functions change nothing: graded checks measure with a fresh copy.
+    "monkeypatch": {"02_data_loading": set(POINTS["02_data_loading"]),
+                    "04_checkpointing": set(POINTS["04_checkpointing"])},
+    "crash": {"01_profile": {"test_diagnose"}},
+    # the interrupted cell never defined measure_throughput: both checks that call it fail.
+    "infinite-loop": {"01_profile": {"test_throughput", "test_throughput_sync"}},
+    "tampered": {"02_data_loading": set(POINTS["02_data_loading"])},
+}
+SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
+           "wrong-but-fast": {"02_data_loading", "03_amp", "04_checkpointing"},
+           "monkeypatch": {"02_data_loading", "04_checkpointing"}, "crash": {"01_profile"},
+           "infinite-loop": {"01_profile"}, "tampered": {"02_data_loading"}}
+LOOP_TIMEOUT_S = 25  # the per-cell limit for the batch with the infinite loop
+
+
+def expected_score(scenario: str, notebook: str) -> float:
+    if notebook not in SUBMITS.get(scenario, POINTS):
+        return 0.0
+    lost = LOSES[scenario].get(notebook, set())
+    return float(sum(p for cell, p in POINTS[notebook].items() if cell not in lost))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, tiny_data):
+    """A temporary course: release, every scenario in an inbox (some zipped), collect, grade."""
+    tmp = tmp_path_factory.mktemp("course")
+    root = tmp / "course"
+    root.mkdir()
+    shutil.copyfile(course.COURSE_ROOT / course.CONFIG_NAME, root / course.CONFIG_NAME)
+    shutil.copytree(course.source_dir(), root / "source",
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    release = course.generate(root)
+    inbox = tmp / "inbox"
+    for scenario in scenarios.SCENARIOS:
+        folder = inbox / scenario / "lab"
+        scenarios.write(scenario, release, root / "source" / "lab", folder)
+        if scenario in ("reference", "tampered"):  # these arrive as zips, as from an LMS
+            with zipfile.ZipFile(inbox / f"{scenario}.zip", "w") as archive:
+                for path in folder.glob("*.ipynb"):
+                    archive.write(path, f"{scenario}/Copy of {path.name}" if path.name.startswith("01")
+                                  else f"{scenario}/{path.name}")
+            shutil.rmtree(inbox / scenario)
+    (inbox / "broken.zip").write_bytes(b"PK\x03\x04 this is not a zip")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LAB_DATA", str(tiny_data))
+        mp.setenv("LAB_PROFILE", "tiny")
+        mp.setenv("LAB_CALIBRATION", str(tmp / "no-calibration.toml"))
+        collected = collect.collect(inbox, root)
+        first = [s for s in scenarios.SCENARIOS if s not in ("infinite-loop", "crash")]
+        grades = grade.grade(root, first, progress=False)
+        # The infinite loop first, then a student after it: the batch goes on.
+        grades += grade.grade(root, ["infinite-loop", "crash"], timeout_s=LOOP_TIMEOUT_S, progress=False)
+        grade.export(root, grades)
+    return {"root": root, "collected": {c.student: c for c in collected}, "grades": grades}
+
+
+def _grade(graded, student, notebook) -> grade.NotebookGrade:
+    return next(g for g in graded["grades"] if g.student == student and g.notebook == notebook)
+
+
+def test_points_table_matches_the_masters():
+    for master in course.masters():
+        cells = course.graded_test_cells(nbformat.read(master, as_version=4))
+        points = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in cells}
+        assert points == POINTS[master.stem], f"update POINTS for {master.name}: {points}"
+
+
+def test_collect_reports_each_problem_and_collects_the_rest(graded):
+    found = graded["collected"]
+    assert "not a readable zip file" in " ".join(found["broken"].problems)
+    assert found["reference"].ok and len(found["reference"].notebooks) == 6
+    assert any("Copy of 01_profile.ipynb -> 01_profile.ipynb" in r for r in found["reference"].renamed)
+    crash = found["crash"]
+    assert crash.notebooks == ["01_profile"]
+    assert sum("is missing" in p for p in crash.problems) == 5, crash.problems
+    assert not (graded["root"] / "submitted" / "broken").exists()
+
+
+def test_collect_rejects_unknown_and_unreadable_notebooks(tmp_path):
+    root = tmp_path / "course"
+    root.mkdir()
+    shutil.copyfile(course.COURSE_ROOT / course.CONFIG_NAME, root / course.CONFIG_NAME)
+    shutil.copytree(course.source_dir(), root / "source")
+    student = tmp_path / "inbox" / "dana"
+    student.mkdir(parents=True)
+    (student / "notes.ipynb").write_text("{}")
+    (student / "02_data_loading.ipynb").write_text("{ not json")
+    result = collect.collect(tmp_path / "inbox", root)[0]
+    text = " ".join(result.problems)
+    assert "notes.ipynb: not a notebook of this lab" in text
+    assert "02_data_loading.ipynb: not a readable notebook" in text
+    assert result.notebooks == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", scenarios.SCENARIOS)
+def test_scenario_scores_exactly(graded, scenario):
+    got = {nb: _grade(graded, scenario, nb).score for nb in POINTS}
+    want = {nb: expected_score(scenario, nb) for nb in POINTS}
+    detail = {nb: _grade(graded, scenario, nb).errors for nb in POINTS if got[nb] != want[nb]}
+    assert got == want, f"{scenario}: scores per notebook differ; errors in those notebooks: {detail}"
+
+
+def test_reference_gets_full_marks_on_every_check(graded):
+    scores = pd.read_csv(graded["root"] / "grades_by_check.csv")
+    ref = scores[(scores.student == "reference") & ~scores.needs_manual_grade.astype(bool)]
+    short = ref[ref.score != ref.max_score]
+    assert short.empty, short.to_string()
+    assert set(ref.cell) == {c for cells in POINTS.values() for c in cells}
+    # 06's written analysis waits for the instructor; left as released, nbgrader scores it 0.
+    analysis = scores[scores.cell == "analysis"].set_index("student")
+    assert analysis.loc["reference", "needs_manual_grade"]
+    assert not analysis.loc["unchanged", "needs_manual_grade"] and analysis.loc["unchanged", "score"] == 0
+
+
+def test_every_notebook_of_every_submission_has_feedback(graded):
+    root = graded["root"]
+    for scenario in scenarios.SCENARIOS:
+        names = {p.stem for p in (root / "feedback" / scenario / "lab").glob("*.html")}
+        assert names == SUBMITS.get(scenario, set(POINTS)), scenario
+
+
+def test_infinite_loop_is_timed_out_and_the_batch_goes_on(graded):
+    loop = _grade(graded, "infinite-loop", "01_profile")
+    assert loop.status == "timed out", loop
+    assert loop.seconds < 6 * LOOP_TIMEOUT_S
+    assert _grade(graded, "crash", "01_profile").status == "graded"  # graded after the loop
+    summary = pd.read_csv(graded["root"] / "grading_summary.csv")
+    assert "timed out" in set(summary.status)
+
+
+def test_crash_costs_its_cell_only(graded):
+    crash = _grade(graded, "crash", "01_profile")
+    assert any("RuntimeError: a bug in my diagnose cell" in e for e in crash.errors), crash.errors
+
+
+def test_tampering_is_reported_and_the_original_tests_run(graded):
+    tampered = _grade(graded, "tampered", "02_data_loading")
+    assert set(tampered.edited_cells) == {"graded_checks", "test_loader_speedup", "test_data_wait"}
+    assert _grade(graded, "reference", "02_data_loading").edited_cells == []
+    assert "test_loader_speedup" in grade.summary(graded["grades"]).loc["tampered", "edited read-only cells"]
+
+
+def test_grades_csv_and_reports(graded):
+    root = graded["root"]
+    grades_csv = pd.read_csv(root / "grades.csv")
+    assert set(scenarios.SCENARIOS) <= set(grades_csv.student_id)
+    page = reports.class_report(root).read_text()
+    assert 'class="dataframe students"' in page and 'class="dataframe checks"' in page
+    assert page.count("data:image/png;base64,") >= 1
+    student = reports.student_report(root, "reference").read_text()
+    assert 'class="dataframe ladder"' in student and "Scores per graded cell" in student
+    with pytest.raises(course.CourseError, match="grade them first"):
+        reports.student_report(root, "nobody")
+
+
+def test_lab_order_is_numeric_and_explicit():
+    assert grade.lab_order(["10_x", "02_b", "01_a"]) == ["01_a", "02_b", "10_x"]
+    with pytest.raises(course.CourseError, match="number prefix"):
+        grade.lab_order(["01_a", "intro"])
+    assert grade.lab_order(p.stem for p in course.masters()) == [p.stem for p in course.masters()]
+
+
+def test_cell_timeout_is_sized_per_device_class():
+    from labsupport.hardware import PROFILES
+
+    for device_class in (p for p in PROFILES if p != "tiny"):
+        assert 60 <= grade.cell_timeout_s(device_class) <= 900
+
+
+# --- calibration ----------------------------------------------------------------------------------
+
+def test_derive_lowers_only_what_the_reference_cannot_clear():
+    spec = {"better": "higher", "cpu-bf16": 2.0}
+    assert calibrate.derive("x", spec, "cpu-bf16", [3.0, 2.8]) == (2.0, "class default")
+    value, why = calibrate.derive("x", spec, "cpu-bf16", [1.8, 1.7, 1.9])
+    assert value == pytest.approx(0.85 * 1.7, abs=0.01) and "lowered" in why
+    assert calibrate.derive("x", spec, "cpu-bf16", [1.2])[0] == "n/a"
+    lower = {"better": "lower", "cpu-bf16": 0.4}
+    assert calibrate.derive("y", lower, "cpu-bf16", [0.30])[0] == 0.4
+    assert calibrate.derive("y", lower, "cpu-bf16", [0.39, 0.41])[0] == pytest.approx(0.41 / 0.85, abs=1e-3)
+    assert calibrate.derive("z", {"better": "higher", "cpu": "n/a", "na": {"cpu": "no"}}, "cpu", [2.0]) == ("n/a", "no")
+
+
+def test_calibration_file_is_written_and_used_by_grading(tmp_path, monkeypatch, tiny_data):
+    monkeypatch.setenv("LAB_DATA", str(tiny_data))
+    monkeypatch.setenv("LAB_PROFILE", "tiny:grades_speed=1")
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    path, table = calibrate.calibrate(1, path=tmp_path / "calibration.toml", only=("02-loader-speedup",),
+                                      progress=False)
+    assert table.loc["02-loader-speedup", "runs"] == 1
+    monkeypatch.setenv("LAB_CALIBRATION", str(path))
+    machine = describe_machine().as_dict()
+    threshold, _, why = checks.grading.threshold_for("02-loader-speedup", machine)
+    calibrated = table.loc["02-loader-speedup", "calibrated"]
+    assert (threshold is None and calibrated == "n/a" and why) or threshold == pytest.approx(calibrated)
+    other = dict(machine, device_name="another machine")
+    assert checks.grading.threshold_for("02-loader-speedup", other)[0] == 3.0  # class default elsewhere
+
+
+# --- the real profile: what hardcoded answers gain on speed ----------------------------------------
+
+@pytest.mark.slow
+def test_hardcoded_answers_fail_the_speed_checks_at_the_real_profile(monkeypatch, tmp_path):
+    """At this machine's own profile, on the real dataset: the hardcoded scenario's code fails every
+    speed check that applies on this device class, while its correctness partners pass."""
+    monkeypatch.delenv("LAB_PROFILE", raising=False)
+    monkeypatch.delenv("LAB_DATA", raising=False)
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("LAB_CALIBRATION", str(tmp_path / "none.toml"))
+    release = {p.stem: nbformat.read(p, as_version=4) for p in sorted(course.NOTEBOOKS_DIR.glob("*.ipynb"))}
+    masters = {p.stem: nbformat.read(p, as_version=4) for p in course.masters()}
+    cheat = scenarios.build("hardcoded", release, masters)
+    speed = {"02": ("02-loader-speedup",), "03": ("03-amp-speedup",), "05": ("05-compile-speedup",)}
+    machine = describe_machine().as_dict()
+    applied = 0
+    for notebook, ids in speed.items():
+        if all(checks.grading.threshold_for(c, machine)[0] is None for c in ids):
+            print(f"{ids} not graded on {machine['device_class']}: nothing to prove here")
+            continue
+        namespace = calibrate.reference_namespace(notebook)  # ls, torch, lab, ... then the cheat's cells
+        cells = [c for c in next(nb for name, nb in cheat.items() if name.startswith(notebook)).cells
+                 if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
+        for cell in cells:
+            exec(compile(cell.source, f"hardcoded {notebook}", "exec"), namespace)
+        found = checks.run(notebook, namespace, only=ids)
+        for check in ids:
+            result = found[check]
+            assert result.status == "fail" and not result.note.startswith("correctness"), (check, result)
+            applied += 1
+    if not applied:
+        pytest.skip(f"no speed check applies on {machine['device_class']}")
