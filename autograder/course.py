@@ -39,22 +39,32 @@ class CourseError(RuntimeError):
 # Targets the reference solution does not reach on a device class, measured and reported rather
 # than hidden: the check stays at the issue's bar and fails there on the class defaults, and
 # `make run` and the master-validation test let exactly these failures through, as a warning that
-# quotes the measurement. (The calibrate command derives this machine's bar from what the
-# reference achieves; see thresholds.toml.) Remove an entry once the reference meets it.
+# quotes the measurement. (The calibrate command derives a grading machine's bar from what the
+# reference achieves there; see thresholds.toml.) A key is a device class, or a class and the CPU's
+# bf16 units ("cpu-bf16/avx512_bf16": such CPUs only). Remove an entry once the reference meets it.
 KNOWN_SHORTFALLS = {
     "cpu-bf16": {
         # bf16 + channels_last + the fast loader, end to end, paired against the naive baseline:
-        # 1.70-1.92x across runs on the CI machine class. A larger batch adds ~7% per sample;
-        # compile and checkpointing do not speed up CPU training (05, 04). The bar is 2.0x.
+        # 1.70-1.92x across runs with AMX. A larger batch adds ~7% per sample; compile and
+        # checkpointing do not speed up CPU training (05, 04). The bar is 2.0x.
         "06-end-to-end",
+    },
+    "cpu-bf16/avx512_bf16": {
+        # AVX-512 BF16 without AMX (AMD EPYC, 2 cores, 2026-11-23): checkpointing measured 0.421
+        # more time per step (bar 0.40; 0.35-0.39 with AMX), and compiled bf16 inference 1.18x
+        # eager (IQR 1.17-1.18; bar 1.25; 1.65-1.76x with AMX).
+        "04-time-overhead",
+        "05-compile-speedup",
     },
 }
 
 
-def known_shortfall(test_source: str, device_class: str) -> str | None:
-    """The check id of a known shortfall that a graded test cell asserts, or None."""
-    return next((check for check in sorted(KNOWN_SHORTFALLS.get(device_class, ()))
-                 if f'graded["{check}"]' in test_source), None)
+def known_shortfall(test_source: str, machine) -> str | None:
+    """The check id of a known shortfall on ``machine`` (a labsupport Machine) that a graded test
+    cell asserts, or None."""
+    keys = (machine.device_class, f"{machine.device_class}/{machine.cpu_bf16_units}")
+    known = set().union(*(KNOWN_SHORTFALLS.get(k, set()) for k in keys))
+    return next((check for check in sorted(known) if f'graded["{check}"]' in test_source), None)
 
 
 # --- configuration and notebooks --------------------------------------------------------------
@@ -359,7 +369,8 @@ def run_reference(course_root: Path, build: Path, *, timeout_s: int = 900) -> Pa
 
     from labsupport.hardware import describe_machine
 
-    device_class = describe_machine().device_class
+    machine = describe_machine()
+    device_class = machine.device_class
     build = Path(build).resolve()
     run_dir = build / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -380,7 +391,7 @@ def run_reference(course_root: Path, build: Path, *, timeout_s: int = 900) -> Pa
                     if out.get("output_type") != "error":
                         continue
                     line = f"{master.name}, cell {cell.get('id')}: {out['ename']}: {out['evalue'][:300]}"
-                    known = known_shortfall(cell.source, device_class)
+                    known = known_shortfall(cell.source, machine)
                     (shortfalls if known and out["ename"] == "AssertionError" else failures).append(line)
     for name, seconds in times.items():
         print(f"{name:28s} {seconds:6.0f} s")
