@@ -59,6 +59,12 @@ KNOWN_SHORTFALLS = {
 }
 
 
+def calibration_file(course_root: Path) -> Path:
+    """The course's calibration file: ``LAB_CALIBRATION``, else ``calibration.toml`` in the course
+    root. calibrate writes it and grade hands it to the notebooks it runs (Used by: both)."""
+    return Path(os.environ.get("LAB_CALIBRATION") or Path(course_root) / "calibration.toml")
+
+
 def known_shortfall(test_source: str, machine) -> str | None:
     """The check id of a known shortfall on ``machine`` (a labsupport Machine) that a graded test
     cell asserts, or None."""
@@ -525,7 +531,7 @@ def parser() -> argparse.ArgumentParser:
                     "Prints class defaults against calibrated thresholds.")
     cal.add_argument("--runs", type=int, default=3, help="runs of the reference (default: %(default)s)")
     cal.add_argument("--output", type=Path, default=None,
-                     help="calibration file (default: LAB_CALIBRATION or autograder/calibration.toml)")
+                     help="calibration file (default: LAB_CALIBRATION or calibration.toml in the course root)")
     cal.set_defaults(func=cmd_calibrate)
     rep = sub.add_parser(
         "report", help="export a student's or the reference's report, or the class summary, as HTML",

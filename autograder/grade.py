@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,10 @@ from . import course
 # faster, MPS slower. About 5x headroom; a student who picks bf16 on class cpu, where it is
 # emulated (about 9x slower), can exceed it and loses that cell.
 CELL_TIMEOUT_S = {"cuda-tensorcore": 300, "cuda": 450, "mps": 600, "cpu-bf16": 600, "cpu": 900}
+
+# nbgrader's gradebook warns on every submission with SQLAlchemy 2 (nbgrader/api.py); harmless,
+# not ours, and it would bury the progress bar.
+warnings.filterwarnings("ignore", message="Object of type <Submitted", module="nbgrader")
 
 # Cell outputs that mean nbgrader interrupted a cell at its time limit.
 _TIMEOUT_ENAMES = {"CellTimeoutError", "KeyboardInterrupt"}
@@ -186,7 +191,8 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int) -> list[No
     names = lab_order(p.stem for p in course.masters(course_root))
     results = course_root / "results" / student
     shutil.rmtree(results, ignore_errors=True)  # this grading's measurements only
-    env = {"LAB_RESULTS": str(results), "LAB_REPORT": str(course_root / "reports" / f"{student}.html")}
+    env = {"LAB_RESULTS": str(results), "LAB_REPORT": str(course_root / "reports" / f"{student}.html"),
+           "LAB_CALIBRATION": str(course.calibration_file(course_root))}
     grades = []
     with _environment(env):
         for name in names:
