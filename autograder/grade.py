@@ -24,7 +24,6 @@ results store the student's notebooks wrote at grading time) and ``reports/<stud
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import time
 import warnings
@@ -125,12 +124,6 @@ def _db_url(course_root: Path) -> str:
 
 # --- autograde, feedback, export --------------------------------------------------------------
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]):
-    with course._environment(values):
-        yield
-
-
 def _app(kind, course_root: Path, **settings):
     """An nbgrader converter app of ``kind`` on ``course_root`` with CourseDirectory ``settings``."""
     from nbgrader.coursedir import CourseDirectory
@@ -194,7 +187,7 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int) -> list[No
     env = {"LAB_RESULTS": str(results), "LAB_REPORT": str(course_root / "reports" / f"{student}.html"),
            "LAB_CALIBRATION": str(course.calibration_file(course_root))}
     grades = []
-    with _environment(env):
+    with course._environment(env):
         for name in names:
             path = folder / f"{name}.ipynb"
             if not path.exists():
