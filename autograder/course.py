@@ -433,7 +433,8 @@ def cmd_run(args) -> int:
     lad = report.ladder(args.build.resolve() / "run" / "results")
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print("\nThe optimisation ladder on this machine:")
-        print(lad.table.drop(columns=["stage"]).round(2).to_string())
+        print(lad.table.drop(columns=["stage"]).round(2).to_string(na_rep="-"))
+        print(f"(-: not measured. {report.LADDER_NOTE})")
     for line in lad.missing:
         print("missing:", line)
     print(f"\nReport: {path}")

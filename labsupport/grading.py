@@ -116,11 +116,17 @@ def threshold_for(check: str, machine: dict) -> tuple[float | None, str, str]:
 
 
 def judge(check: str, measured: float | None, machine: dict, *, correct: bool = True,
-          why_incorrect: str = "", note: str = "", details: dict | None = None) -> CheckResult:
-    """Compare a fresh measurement with this machine's threshold, after its correctness partner.
+          why_incorrect: str = "", optimised: bool = True, why_not_optimised: str = "",
+          note: str = "", details: dict | None = None) -> CheckResult:
+    """Compare a fresh measurement with this machine's threshold, after its two partners.
 
-    A result that is not correct fails whatever it measured, even where the check does not
-    apply: fast but wrong earns nothing, and neither does missing code.
+    - ``correct``: the correctness partner. A result that is not correct fails whatever it
+      measured, even where the check does not apply: fast but wrong earns nothing, and neither
+      does missing code.
+    - ``optimised``: the optimisation the check is about is in the student's code, seen directly
+      (the model was compiled; the step's data wait fell against the naive loader's, measured
+      now). Where speed cannot be graded (n/a) the points then still need the work done, and a
+      bar that unoptimised code happens to clear on this machine earns nothing.
     """
     threshold, better, not_applicable = threshold_for(check, machine)
     cls = machine["device_class"]
@@ -128,6 +134,9 @@ def judge(check: str, measured: float | None, machine: dict, *, correct: bool = 
     if not correct:  # before n/a: a check that cannot apply here still needs working code
         return CheckResult(check, measured, threshold, better, cls, "fail",
                            f"correctness check failed: {why_incorrect}", details)
+    if not optimised:
+        return CheckResult(check, measured, threshold, better, cls, "fail",
+                           f"not optimised: {why_not_optimised}", details)
     if threshold is None:
         return CheckResult(check, measured, None, better, cls, "n/a", not_applicable, details)
     if measured is None:

@@ -77,9 +77,11 @@ class MemoryReport:
 
 
 def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryReport:
-    """Peak bytes torch allocates while ``fn()`` runs (Used by: notebooks 01, 03, 04).
+    """Peak bytes torch allocates while ``fn()`` runs (Used by: notebooks 01-05).
 
     Run one warm-up call first, so one-off allocations (optimizer state) are not in the peak.
+    Off CUDA, a ``torch.compile``'d ``fn`` runs eagerly under the counting mode, so the count is
+    eager's, not the compiled code's (05 records the compiled step's peak on CUDA only).
     """
     device = torch.device(device)
     if device.type == "cuda":

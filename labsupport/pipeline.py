@@ -12,6 +12,7 @@ a few tensor ops, on whichever device trains.
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +86,11 @@ def decode_once(split: str = "train", *, size: int | None = None, root: Path | s
     steps = [] if size is None else [transforms.Resize(size, antialias=True), transforms.CenterCrop(size)]
     data = dataset.open_split(root, split, transform=transforms.Compose([*steps, pil_to_tensor]))
     workers = min(4, torch.get_num_threads()) if workers is None else workers
+    if workers:
+        # Collect garbage before the workers fork: a DataLoader iterator abandoned mid-epoch in
+        # a reference cycle would otherwise be collected inside a worker too, whose __del__ then
+        # prints "AssertionError: can only test a child process" (harmless, but alarming).
+        gc.collect()
     loader = DataLoader(data, batch_size=256, num_workers=workers, shuffle=False)
     if progress:
         from tqdm.auto import tqdm

@@ -29,6 +29,11 @@ RUNGS = (
     ("05-compile", "+compile"),
 )
 
+# Why some cells of the ladder are empty (printed under the table by `make run` and the report).
+LADDER_NOTE = ("Peak memory is counted on every rung except a compiled step on a CPU, where the "
+               "counting runs it eagerly. Accuracy comes from 03's training run, fp32 against "
+               "16-bit; 04 and 05 check correctness by comparing gradients and outputs instead.")
+
 
 @dataclass
 class Ladder:
@@ -156,6 +161,7 @@ def export_html(path: Path | str, directory: Path | str | None = None, *, title:
     else:
         parts.append(lad.table.drop(columns=["stage"]).to_html(float_format=lambda v: f"{v:,.2f}",
                                                                na_rep="", classes="ladder"))
+        parts.append(f"<p><small>Empty cells were not measured. {html.escape(LADDER_NOTE)}</small></p>")
     if lad.missing:
         parts += ["<h2>Missing stages</h2>", "<ul>"] + \
                  [f"<li>{html.escape(m)}</li>" for m in lad.missing] + ["</ul>"]

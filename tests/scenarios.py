@@ -162,3 +162,38 @@ def write(scenario: str, release_dir: Path, masters_dir: Path, folder: Path) -> 
         nbformat.write(nb, path)
         written.append(path)
     return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write scenario submissions into an inbox, for ``python -m autograder collect``.
+
+    Regenerates the course's release first (nbgrader generate_assignment). This is how the grades
+    are proven at the real profile on a grading machine (the stability figures in
+    autograder/README.md): write the scenarios, collect, calibrate, grade.
+    """
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from autograder import course
+
+    p = argparse.ArgumentParser(prog="python tests/scenarios.py", description=main.__doc__.split("\n\n")[0])
+    p.add_argument("inbox", type=Path, help="where the per-student folders go (one per scenario)")
+    p.add_argument("scenario", nargs="*", default=list(SCENARIOS),
+                   help=f"scenarios to write (default: all): {', '.join(SCENARIOS)}")
+    p.add_argument("--course", type=Path, default=course.COURSE_ROOT,
+                   help="the course root (default: %(default)s)")
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.scenario) - set(SCENARIOS))
+    if unknown:
+        p.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(SCENARIOS)}")
+    release = course.generate(args.course)  # nbgrader generate_assignment: the release as students get it
+    masters = course.source_dir(args.course) / course.assignment_id(args.course)
+    for scenario in args.scenario:
+        written = write(scenario, release, masters, args.inbox / scenario)
+        print(f"{scenario:15s} {len(written)} notebook(s) in {args.inbox / scenario}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

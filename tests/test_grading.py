@@ -53,6 +53,16 @@ def test_fast_but_wrong_fails():
     assert result.status == "fail" and "NaN weights" in result.note and not result.passed
 
 
+def test_not_applicable_still_needs_the_optimisation_done():
+    """Where speed cannot be graded the points need the work seen directly (e.g. a compiled
+    model); and a bar that unoptimised code clears on this machine earns nothing."""
+    lazy = grading.judge("03-amp-speedup", 1.0, PLAIN_CPU, optimised=False, why_not_optimised="no graph")
+    assert lazy.status == "fail" and "not optimised: no graph" in lazy.note and not lazy.passed
+    assert grading.judge("03-amp-speedup", 1.0, PLAIN_CPU).status == "n/a"
+    assert grading.judge("02-data-wait-share", 0.07, AMX, optimised=False).status == "fail"
+    assert grading.judge("02-data-wait-share", 0.07, AMX).status == "pass"
+
+
 def test_fresh_copy_ignores_monkeypatching(monkeypatch):
     monkeypatch.setattr(labsupport.measure, "compare", lambda *a, **k: "fake speedup")
     graded = grading.fresh()
