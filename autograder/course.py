@@ -103,9 +103,14 @@ def source_dir(course_root: Path = COURSE_ROOT) -> Path:
     return Path(course_root) / cfg.CourseDirectory.get("source_directory", "source")
 
 
+def masters_dir(course_root: Path = COURSE_ROOT) -> Path:
+    """The folder of the master notebooks: ``source/<assignment>/``."""
+    return source_dir(course_root) / assignment_id(course_root)
+
+
 def masters(course_root: Path = COURSE_ROOT) -> list[Path]:
     """The master notebooks, ``source/<assignment>/*.ipynb``, in name order (nbgrader's order)."""
-    return sorted((source_dir(course_root) / assignment_id(course_root)).glob("*.ipynb"))
+    return sorted(masters_dir(course_root).glob("*.ipynb"))
 
 
 def setup_cell_source(template: Path = SETUP_TEMPLATE) -> str:
@@ -203,7 +208,7 @@ def generate(course_root: Path = COURSE_ROOT) -> Path:
 
     if not masters(course_root):
         raise CourseError(f"No master notebooks (*.ipynb) in "
-                          f"{source_dir(course_root) / assignment_id(course_root)}.")
+                          f"{masters_dir(course_root)}.")
     cfg = load_config(course_root)
     coursedir = CourseDirectory(config=cfg)
     app = GenerateAssignment(coursedir=coursedir, config=cfg)

@@ -30,7 +30,7 @@ RUNGS = (
 )
 
 # Why some cells of the ladder are empty (printed under the table by `make run` and the report).
-LADDER_NOTE = ("Peak memory is counted on every rung except a compiled step on a CPU, where the "
+LADDER_NOTE = ("Peak memory is counted on every rung except a compiled step off CUDA, where the "
                "counting runs it eagerly. Accuracy comes from 03's training run, fp32 against "
                "16-bit; 04 and 05 check correctness by comparing gradients and outputs instead.")
 

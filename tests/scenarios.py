@@ -188,9 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(SCENARIOS)}")
     release = course.generate(args.course)  # nbgrader generate_assignment: the release as students get it
-    masters = course.source_dir(args.course) / course.assignment_id(args.course)
     for scenario in args.scenario:
-        written = write(scenario, release, masters, args.inbox / scenario)
+        written = write(scenario, release, course.masters_dir(args.course), args.inbox / scenario)
         print(f"{scenario:15s} {len(written)} notebook(s) in {args.inbox / scenario}")
     return 0
 
