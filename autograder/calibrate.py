@@ -1,6 +1,6 @@
 """``calibrate``: derive this grading machine's thresholds from what the reference achieves on it.
 
-The reference solutions (the masters' solution cells) are run through the same graded checks the
+The reference solutions (the masters' solution cells, :mod:`autograder.reference`) are run through the same graded checks the
 notebooks run, ``runs`` times in this process, each time with a fresh copy of labsupport. Every
 check marked ``calibrate = true`` in thresholds.toml (the speed and memory ratios) gets a bar:
 
@@ -22,10 +22,10 @@ import datetime as dt
 import json
 import os
 import statistics
+import tempfile
 import tomllib
 from pathlib import Path
 
-import nbformat
 import pandas as pd
 
 from . import course
@@ -41,39 +41,6 @@ def calibrated_checks(thresholds: Path | None = None) -> dict[str, dict]:
     path = Path(thresholds) if thresholds else grading.thresholds_path()
     checks = tomllib.loads(path.read_text())["checks"]
     return {check: spec for check, spec in checks.items() if spec.get("calibrate")}
-
-
-def reference_namespace(notebook: str, course_root: Path = course.COURSE_ROOT,
-                        cell_ids: tuple[str, ...] | None = None) -> dict:
-    """A namespace holding a master's solution code cells (or the cells ``cell_ids``), executed.
-
-    The names a notebook's setup cell provides (``ls``, ``torch``, ``F``, ``pd``, ``lab``) are
-    there first, so the solutions run as they do in the notebook. Used by: calibrate and
-    tests/test_checks.py (the reference answers the checks are tested against).
-    """
-    import torch
-
-    import labsupport as ls
-    from labsupport import checks
-
-    master = next((p for p in course.masters(course_root) if p.name.startswith(f"{notebook}_")), None)
-    if master is None:
-        raise course.CourseError(f"No master notebook {notebook}_*.ipynb in the course.")
-    nb = nbformat.read(master, as_version=4)
-    namespace = {"ls": ls, "torch": torch, "F": torch.nn.functional, "pd": pd, "lab": checks._lab()}
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        wanted = cell.get("id") in cell_ids if cell_ids is not None else \
-            (cell.cell_type == "code" and meta.get("solution"))
-        if wanted:
-            exec(compile(cell.source, f"{master.name}:{cell.get('id')}", "exec"), namespace)
-    return namespace
-
-
-# The cells each notebook's calibrated checks need from its master (the functions they grade).
-_SOLUTION_CELLS = {"02": ("make_fast_loader",), "03": ("choose_precision", "amp_train_step"),
-                   "04": ("checkpointed", "accumulate_step"), "05": ("compile_inference", "break_even_steps"),
-                   "06": ("assemble_ladder",)}
 
 
 def _usable(result) -> bool:
@@ -92,29 +59,45 @@ def measure(runs: int, course_root: Path = course.COURSE_ROOT, *, only: tuple[st
     """Run the reference's calibrated checks ``runs`` times: ``({check: [values]}, problems)``."""
     from tqdm.auto import tqdm
 
-    from labsupport import grading
+    from labsupport import notebooks as registry
+
+    from . import reference
 
     wanted = [c for c in calibrated_checks() if only is None or c in only]
-    notebooks = sorted({c[:2] for c in wanted})
+    numbers = sorted({registry.of(c).number for c in wanted})
     values: dict[str, list[float]] = {c: [] for c in wanted}
-    problems = []
-    steps = tqdm(total=runs * len(notebooks), desc="calibrating", unit="check group", disable=not progress)
-    for run in range(runs):
-        for notebook in notebooks:
-            steps.set_postfix_str(f"run {run + 1}, notebook {notebook}")
-            namespace = reference_namespace(notebook, course_root, _SOLUTION_CELLS.get(notebook, ()))
-            ids = tuple(c for c in wanted if c.startswith(notebook))
-            found = grading.fresh().checks.run(notebook, namespace, only=ids)
-            for check in ids:
-                result = found.get(check)
-                if result is not None and _usable(result):
-                    values[check].append(float(result.measured))
-                else:
-                    problems.append(f"run {run + 1}, {check}: the reference did not produce a "
-                                    f"usable measurement ({result.note if result else 'not run'})")
-            steps.update()
+    problems: list[str] = []
+    steps = tqdm(total=runs * len(numbers), desc="calibrating", unit="check group", disable=not progress)
+    # The reference's code of every notebook, carried forward as a student's would be (05 infers in
+    # 03's precision; 06's end-to-end composes 02's loader and 03's step), in a scratch results store.
+    with tempfile.TemporaryDirectory(prefix="lab-calibrate-") as scratch, \
+            course.environment({"LAB_RESULTS": scratch}):
+        reference.keep_all(course_root=course_root)
+        for run in range(runs):
+            for number in numbers:
+                steps.set_postfix_str(f"run {run + 1}, notebook {number}")
+                ids = tuple(c for c in wanted if registry.of(c).number == number)
+                _measure_once(number, ids, run, values, problems, course_root)
+                steps.update()
     steps.close()
     return values, problems
+
+
+def _measure_once(number: str, ids: tuple[str, ...], run: int, values: dict, problems: list,
+                  course_root: Path) -> None:
+    """One run of notebook ``number``'s checks ``ids`` on the reference; appends to values and problems."""
+    from labsupport import grading
+
+    from . import reference
+
+    found = grading.fresh().grading.run(number, reference.namespace(number, course_root), only=ids, keep=False)
+    for check in ids:
+        result = found.get(check)
+        if result is not None and _usable(result):
+            values[check].append(float(result.measured))
+        else:
+            problems.append(f"run {run + 1}, {check}: the reference did not produce a "
+                            f"usable measurement ({result.note if result else 'not run'})")
 
 
 def derive(check: str, spec: dict, device_class: str, values: list[float]) -> tuple[object, str]:

@@ -33,15 +33,8 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 
-from . import course
+from . import course, release
 
-# Longest a single cell may run when grading, per device class (nbgrader's Execute.timeout: the
-# option its Execute preprocessor honours; nbconvert's ExecutePreprocessor.timeout is not read).
-# The longest reference cell on 2 cores is 03's accuracy run: about 100 s on cpu-bf16, and on cpu
-# (float32 there; 03 ran 156 s whole with oneDNN capped at AVX2) of the same order. GPUs are
-# faster, MPS slower. About 5x headroom; a student who picks bf16 on class cpu, where it is
-# emulated (about 9x slower), can exceed it and loses that cell.
-CELL_TIMEOUT_S = {"cuda-tensorcore": 300, "cuda": 450, "mps": 600, "cpu-bf16": 600, "cpu": 900}
 
 # nbgrader's gradebook warns on every submission with SQLAlchemy 2 (nbgrader/api.py); harmless,
 # not ours, and it would bury the progress bar.
@@ -67,8 +60,13 @@ class NotebookGrade:
 
 
 def cell_timeout_s(device_class: str) -> int:
-    """The per-cell time limit for grading on ``device_class`` (CELL_TIMEOUT_S)."""
-    return CELL_TIMEOUT_S.get(device_class, max(CELL_TIMEOUT_S.values()))
+    """The per-cell time limit for grading on ``device_class`` (the device-class table in
+    labsupport.hardware; nbgrader's Execute.timeout, the option its Execute preprocessor honours)."""
+    from labsupport.hardware import CLASSES
+
+    if device_class in CLASSES:
+        return CLASSES[device_class].cell_timeout_s
+    return max(c.cell_timeout_s for c in CLASSES.values())
 
 
 def lab_order(names) -> list[str]:
@@ -105,7 +103,7 @@ def edited_cells(notebook: Path, notebook_id: str, course_root: Path) -> list[st
     submitted = {cell.metadata["nbgrader"]["grade_id"]: cell for cell in nb.cells
                  if cell.metadata.get("nbgrader", {}).get("grade_id")}
     edited = []
-    with course._venv_on_path(), Gradebook(_db_url(course_root)) as gb:
+    with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
         source = gb.find_notebook(notebook_id, course.assignment_id(course_root))
         for original in source.source_cells:
             if not original.locked:
@@ -140,7 +138,7 @@ def _app(kind, course_root: Path, **settings):
 def _run(app) -> dict:
     from nbgrader.utils import capture_log
 
-    with course._venv_on_path():
+    with course.venv_on_path():
         return capture_log(app)
 
 
@@ -164,7 +162,7 @@ def _notebook_scores(course_root: Path, student: str) -> dict[str, tuple[float, 
     from nbgrader.api import Gradebook, MissingEntry
 
     out = {}
-    with course._venv_on_path(), Gradebook(_db_url(course_root)) as gb:
+    with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
         try:
             submission = gb.find_submission(course.assignment_id(course_root), student)
         except MissingEntry:
@@ -187,7 +185,7 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int) -> list[No
     env = {"LAB_RESULTS": str(results), "LAB_REPORT": str(course_root / "reports" / f"{student}.html"),
            "LAB_CALIBRATION": str(course.calibration_file(course_root))}
     grades = []
-    with course._environment(env):
+    with course.environment(env):
         for name in names:
             path = folder / f"{name}.ipynb"
             if not path.exists():
@@ -232,7 +230,7 @@ def scores_by_check(course_root: Path) -> pd.DataFrame:
     from nbgrader.api import Gradebook
 
     rows = []
-    with course._venv_on_path(), Gradebook(_db_url(course_root)) as gb:
+    with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
         assignment = gb.find_assignment(course.assignment_id(course_root))
         for submission in assignment.submissions:
             for nb in submission.notebooks:
@@ -251,7 +249,7 @@ def export(course_root: Path, grades: list[NotebookGrade]) -> dict[str, Path]:
 
     course_root = Path(course_root)
     paths = {name: course_root / f"{name}.csv" for name in ("grades", "grades_by_check", "grading_summary")}
-    with course._venv_on_path(), Gradebook(_db_url(course_root)) as gb:
+    with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
         CsvExportPlugin(to=str(paths["grades"]), config=course.load_config(course_root)).export(gb)
     scores_by_check(course_root).to_csv(paths["grades_by_check"], index=False)
     summary = pd.DataFrame([asdict(g) for g in grades])
@@ -282,7 +280,7 @@ def grade(course_root: Path = course.COURSE_ROOT, students: list[str] | None = N
     if unknown:
         raise course.CourseError(f"No submission for {', '.join(unknown)} in {course_root / 'submitted'}.")
     if not (course_root / "gradebook.db").exists():
-        course.generate(course_root)  # autograde needs the gradebook's record of the release
+        release.generate(course_root)  # autograde needs the gradebook's record of the release
     machine = describe_machine()
     timeout_s = timeout_s or cell_timeout_s(machine.device_class)
     print(f"grading {len(students)} submission(s) on {machine.device_name} ({machine.device_class}), "
@@ -325,6 +323,6 @@ def print_summary(grades: list[NotebookGrade], course_root: Path) -> None:
           f"{sum('timed out' in st for st in per_student.values())} with a notebook that timed out, "
           f"{sum('missing' in st for st in per_student.values())} with a missing notebook "
           f"({int((statuses == 'graded').sum())} of {len(statuses)} notebooks graded normally).")
-    root = course._shown(course_root)
+    root = course.shown(course_root)
     print(f"grades: {root}/grades.csv, per check: {root}/grades_by_check.csv, "
           f"summary: {root}/grading_summary.csv, feedback: {root}/feedback/<student>/")

@@ -40,7 +40,10 @@ def student_report(course_root: Path, student: str, out: Path | None = None) -> 
     scores = _scores(course_root)
     mine = scores[scores.student == student].drop(columns=["student"]).set_index(["notebook", "cell"])
     out = Path(out) if out else course_root / "reports" / f"{student}.html"
-    return report.export_html(out, results, title=f"PyTorch Performance Lab: {student}",
+    from . import reference
+
+    lad = report.ladder(results, assemble=reference.solutions("06").assemble_ladder)
+    return report.export_html(out, lad, title=f"PyTorch Performance Lab: {student}",
                               extra={"Scores per graded cell": mine})
 
 
@@ -51,7 +54,10 @@ def reference_report(build: Path, out: Path | None = None) -> Path:
     results = Path(build) / "run" / "results"
     if not results.is_dir():
         raise course.CourseError(f"{results} does not exist: run `make run` (python -m autograder run) first.")
-    return report.export_html(Path(out) if out else Path(build) / "report.html", results,
+    from . import reference
+
+    lad = report.ladder(results, assemble=reference.solutions("06").assemble_ladder)
+    return report.export_html(Path(out) if out else Path(build) / "report.html", lad,
                               title="PyTorch Performance Lab: reference solution")
 
 
@@ -59,10 +65,13 @@ def speedups(course_root: Path) -> pd.DataFrame:
     """Cumulative speedup per rung (columns) per graded student (rows), from their results."""
     from labsupport import report
 
+    from . import reference
+
+    assemble = reference.solutions("06").assemble_ladder
     rows = {}
     for folder in sorted((Path(course_root) / "results").glob("*")):
         if folder.is_dir():
-            table = report.ladder(folder).table
+            table = report.ladder(folder, assemble=assemble).table
             rows[folder.name] = table["speedup (cumulative)"] if not table.empty else pd.Series(dtype=float)
     frame = pd.DataFrame(rows).T
     return frame.reindex(columns=[label for _, label in report.RUNGS if label in frame.columns])
@@ -118,8 +127,18 @@ def class_report(course_root: Path, out: Path | None = None) -> Path:
              "<h2>Scores per student</h2>", totals.to_html(classes="students", float_format=lambda v: f"{v:g}"),
              "<h2>Scores per check</h2>", per_check.to_html(classes="checks", float_format=lambda v: f"{v:.2f}")]
     if not ups.empty:
+        spread = ups.describe().T.rename(columns={"25%": "q1", "50%": "median", "75%": "q3"})
         parts += ["<h2>Measured speedups (cumulative, against each student's own baseline)</h2>",
+                  "<h3>Distribution per rung across students</h3>",
+                  spread[["count", "min", "q1", "median", "q3", "max"]].to_html(
+                      classes="speedup-spread", float_format=lambda v: f"{v:.2f}", na_rep=""),
+                  "<h3>Per student</h3>",
                   ups.to_html(classes="speedups", float_format=lambda v: f"{v:.2f}x", na_rep="")]
+    distribution = scores.pivot_table(index=["notebook", "cell"], columns="score", values="student",
+                                      aggfunc="nunique", fill_value=0)
+    distribution.columns = [f"{c:g} points" for c in distribution.columns]
+    parts += ["<h2>Distribution of each check's score (students per score)</h2>",
+              distribution.to_html(classes="score-spread")]
     for name, fig in class_plots(scores, ups).items():
         parts.append(report.figure_html(fig, f"{name} plot"))
     out = Path(out) if out else course_root / "reports" / "class.html"

@@ -1,12 +1,14 @@
-# Setup: run this cell first. In a checkout of the lab it only imports labsupport; in Colab it
-# clones the lab's repository and installs it (torch is already there), then generates the data.
-LAB_REPO = "https://github.com/your-org/pytorch-performance-lab.git"  # the lab's repository: set here only
-import importlib.util, os, subprocess, sys
-if importlib.util.find_spec("labsupport") is None:  # Colab, or a kernel outside the lab's .venv
-    checkout = os.path.expanduser("~/pytorch-performance-lab")
-    if not os.path.isdir(checkout):
-        subprocess.run(["git", "clone", "--depth", "1", LAB_REPO, checkout], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-e", checkout], check=True)
-    sys.path.insert(0, checkout)  # this kernel cannot see the editable install until it restarts
+# Setup: run this cell first. Where the lab is installed (JupyterLab) it imports labsupport; in
+# Colab it first installs the lab's helper package from LAB_URL (torch is already there).
+LAB_URL = ""  # where labsupport installs from; written by the instructor's `release --student-url`
+import importlib, importlib.util, subprocess, sys
+if importlib.util.find_spec("labsupport") is None:  # Colab, or a kernel without the lab installed
+    if not LAB_URL:
+        raise RuntimeError("labsupport is not installed and this notebook has no LAB_URL to install it "
+                           "from. Students: start JupyterLab from the lab's .venv (see README.md), or ask "
+                           "your instructor for the lab's install link. Instructors: python -m autograder "
+                           "release --student-url URL (a git+https:// repository, zip or wheel of build/student).")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", LAB_URL], check=True)
+    importlib.invalidate_caches()  # so this kernel sees the package pip just installed
 import labsupport as ls
 lab = ls.setup()

@@ -2,26 +2,31 @@
 
 One module per idea; read any of them in one sitting:
 
-- ``hardware``: the device, the machine description, device classes and scale profiles.
+- ``hardware``: the device, the machine description, and the table of device classes (profile,
+  grading time limit, whether compile pays for training).
+- ``notebooks``: the registry of the lab's notebooks (file, graded names, the rung each records).
+- ``paths``: where results, the dataset and the report live (a Google Drive folder in Colab).
 - ``dataset``: the generated lab dataset (JPEG, ImageFolder layout) and its manifest.
-- ``pipeline``: the naive input pipeline that notebooks 01 and 02 profile and fix.
-- ``train``: ResNet-18 and one training step with every knob the lab teaches.
+- ``pipeline``: the naive input pipeline that notebooks 01 and 02 profile, and the parts of a fast one.
+- ``train``: ResNet-18 and the harness of one training step (the student's update plugs into it).
 - ``measure``: steady-state timing, paired A/B speedups, phase breakdowns, one-off timings.
 - ``memory``: peak bytes of a step on any device, and bytes saved for backward.
 - ``results``: the results store (one JSON file per stage) and its DataFrame view.
-- ``grading``: thresholds per class and calibration, verdicts, correctness partners, self-check.
-- ``checks``: each notebook's graded checks, which call the student's code and measure it now.
+- ``carry``: the student's code of one notebook, kept for the notebooks after it.
+- ``grading``: thresholds, verdicts and the self-check; one module of graded checks per notebook.
 - ``report``: the optimisation ladder from the results store, its plots, the one-file HTML export.
 
+Nothing in it answers a graded question: the reference solutions live with the instructor.
 Importing it only imports: no seeding, no backend flags, no downloads. Call ``ls.setup()``.
 """
 
-from . import checks, dataset, grading, hardware, measure, memory, pipeline, report, results, train
+from . import (carry, dataset, grading, hardware, measure, memory, notebooks, paths, pipeline, report,
+               results, train)
 from .grading import check
 from .hardware import Lab, Profile, describe_machine, pick_device, profile_for, setup
 from .train import StepConfig, TrainStep, make_step
 
-__all__ = ["check", "checks", "dataset", "grading", "hardware", "measure", "memory", "pipeline",
-           "report", "results", "train",
+__all__ = ["carry", "check", "dataset", "grading", "hardware", "measure", "memory", "notebooks", "paths",
+           "pipeline", "report", "results", "train",
            "Lab", "Profile", "describe_machine", "pick_device", "profile_for", "setup",
            "StepConfig", "TrainStep", "make_step"]

@@ -192,16 +192,10 @@ def _looks_intact(root: Path, manifest: dict[str, Any]) -> bool:
 
 
 def default_root() -> Path:
-    """Where the lab dataset lives: $LAB_DATA, else <checkout>/data/lab-shapes, else ~/.cache.
+    """Where the lab dataset lives (:func:`labsupport.paths.data_root`). Used by: ensure(), 01-06."""
+    from .paths import data_root
 
-    Used by: ensure() and notebooks 01-06 (via labsupport.pipeline).
-    """
-    if os.environ.get("LAB_DATA"):
-        return Path(os.environ["LAB_DATA"]).expanduser()
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "pyproject.toml").is_file():
-        return checkout / "data" / "lab-shapes"
-    return Path.home() / ".cache" / "pytorch-perf-lab" / "lab-shapes"
+    return data_root()
 
 
 def ensure(root: Path | str | None = None, *, full_check: bool = False, progress: bool = True,
@@ -212,7 +206,7 @@ def ensure(root: Path | str | None = None, *, full_check: bool = False, progress
     returned untouched, so that LAB_DATA can point at any dataset.
     Used by: notebooks 01-06 (via labsupport.pipeline) and `python -m labsupport data`.
     """
-    chosen = root is not None or bool(os.environ.get("LAB_DATA"))
+    chosen = root is not None or bool(os.environ.get("LAB_DATA"))  # not the default location
     root = Path(root) if root is not None else default_root()
     wanted = _params(**params)
     manifest = _read_manifest(root)

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 
-DEVICE_CLASSES = ("cuda-tensorcore", "cuda", "mps", "cpu-bf16", "cpu")
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,40 @@ PROFILES: dict[str, Profile] = {
                 measure_steps=3, rounds=3, steps_per_round=1, train_steps=20, grades_speed=False),
     )
 }
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """What the lab decides once per device class (Used by: setup, grading, the autograder).
+
+    The 16-bit type, the GradScaler and whether to compile are not here: choosing them is what
+    notebooks 03 and 05 teach, so the student's own choice (carried forward) decides them.
+    """
+
+    name: str  # the class's id, stored with every result and keyed in thresholds.toml
+    what: str  # which machines fall in it
+    profile: Profile  # how much work each measurement does there
+    cell_timeout_s: int  # how long one notebook cell may run when graded there (nbgrader's limit)
+
+
+# Cell limits (nbgrader's Execute.timeout when grading): the longest reference cell on 2 cores is
+# 03's accuracy run, about 100 s on cpu-bf16 and of the same order on cpu (float32 there); about 5x
+# headroom. GPUs are faster, MPS slower. A student who picks bf16 on class cpu, where it is
+# emulated (about 9x slower), can exceed it and loses that cell.
+CLASSES: dict[str, DeviceClass] = {
+    c.name: c
+    for c in (
+        DeviceClass("cuda-tensorcore", "NVIDIA GPU, compute capability 7.0 or newer (tensor cores)",
+                    PROFILES["cuda-tensorcore"], cell_timeout_s=300),
+        DeviceClass("cuda", "older NVIDIA GPU", PROFILES["cuda"], cell_timeout_s=450),
+        DeviceClass("mps", "Apple silicon GPU", PROFILES["mps"], cell_timeout_s=600),
+        DeviceClass("cpu-bf16", "CPU with AMX or AVX-512 BF16 units", PROFILES["cpu-bf16"],
+                    cell_timeout_s=600),
+        DeviceClass("cpu", "any other CPU: emulated bf16 is 7-9x slower than float32 there",
+                    PROFILES["cpu"], cell_timeout_s=900),
+    )
+}
+DEVICE_CLASSES = tuple(CLASSES)
 
 
 @dataclass(frozen=True)
@@ -149,18 +182,6 @@ def cpu_bf16_units(flags: set[str], max_isa: str | None = None) -> str:
     return "none"
 
 
-def autocast_dtype(machine: "Machine") -> str | None:
-    """The 16-bit type the lab trains and infers in on this machine, or None for float32.
-
-    float16 on GPUs (with a GradScaler for training); bfloat16 on a CPU with bf16 units; float32
-    on a CPU without them, where bf16 is emulated and much slower. The lab's own choice, used for
-    the ladder's rungs after 03, 05's inference and 06's optimised step (Used by: 04, 05, 06).
-    """
-    if machine.device in ("cuda", "mps"):
-        return "float16"
-    return "bfloat16" if machine.bf16 else None
-
-
 def classify(device: str, compute_capability: str | None, cpu_units: str) -> str:
     """Map a device to its device class (Used by: describe_machine, the autograder's thresholds)."""
     if device == "cuda":
@@ -183,7 +204,8 @@ def describe_machine(device: torch.device | None = None) -> Machine:
         major, minor = torch.cuda.get_device_capability(device)
         capability = f"{major}.{minor}"
         name = torch.cuda.get_device_name(device)
-        bf16 = torch.cuda.is_bf16_supported()
+        # Native bf16 only: a T4 (compute capability 7.5) "supports" bf16 through emulation, slowly.
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
     elif device.type == "mps":
         name, bf16 = "Apple MPS", False  # bf16 autocast on MPS is new and not faster; fp16 is
     else:
@@ -255,8 +277,10 @@ class Lab:
 
 def setup(seed: int = 0, show: bool = True) -> Lab:
     """Pick the device, describe the machine, choose the profile and seed RNGs (Used by: 01-06)."""
+    from .paths import use_drive_in_colab
     from .train import seed_everything
 
+    use_drive_in_colab()  # Colab: results, data and report in a Google Drive folder
     device = pick_device()
     machine = describe_machine(device)
     lab = Lab(device, machine, profile_for(machine.device_class), seed)

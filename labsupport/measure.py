@@ -163,6 +163,21 @@ def one_off_s(fn: Callable[[], object], device: torch.device | str) -> float:
     return time.perf_counter() - t0
 
 
+def cold_compile_s(compiled: Callable, *args, device: torch.device | str) -> float:
+    """Seconds of the first call of a freshly compiled function, with the graph caches off (Used by: 05).
+
+    The caller runs ``torch.compiler.reset()`` first (Dynamo forgets what it compiled), and the
+    FX graph and autotuning caches are off here, so tracing, lowering and autotuning all happen
+    again. Inductor's on-disk cache of already-built C++/Triton kernels stays on (it cannot be
+    switched off per call), so a repeated compile on one machine is faster than the very first
+    one there: 05 reports both.
+    """
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch(fx_graph_cache=False, autotune_local_cache=False):
+        return one_off_s(lambda: compiled(*args), device)
+
+
 @dataclass(frozen=True)
 class Comparison:
     """A paired A/B speed comparison (Used by: the grading checks, notebooks 02-06)."""

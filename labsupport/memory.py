@@ -24,6 +24,10 @@ from torch.utils._pytree import tree_flatten
 
 from .measure import sync
 
+# 04's memory budget: this many times the peak of the plain step at the profile's batch. The doubled
+# batch, checkpointed, must fit under it (Used by: 04 and its checks).
+BUDGET_FACTOR = 1.25
+
 
 def _storage_ptrs(tree) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tree_flatten(tree)[0]

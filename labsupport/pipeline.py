@@ -1,13 +1,14 @@
-"""The input pipeline: the naive loader that notebooks 01 and 02 profile, and the fixed one.
+"""The input pipeline: the naive loader that notebooks 01 and 02 profile, and the parts of a fast one.
 
 The naive pipeline is what a first training script usually looks like: decode each JPEG with PIL
 and augment it sample by sample in the main process (``num_workers=0``), no pinned memory, so the
 model waits while the CPU prepares every batch.
 
-The fixed pipeline (notebook 02 builds its own; 03-06 use :class:`FastLoader`) does the expensive
-work once and the per-batch work in batches: :func:`decode_once` decodes every JPEG a single time
-into a uint8 tensor, and :func:`batch_augment` crops, flips and colour-jitters a whole batch with
-a few tensor ops, on whichever device trains.
+A fixed pipeline does the expensive work once and the per-batch work in batches: :func:`decode_once`
+decodes every JPEG a single time into a uint8 tensor, and :func:`batch_augment` crops, flips and
+colour-jitters a whole batch with a few tensor ops, on whichever device trains. Notebook 02 asks
+the student to build that loader from these parts; 03-06 use the student's loader, carried
+forward (:mod:`labsupport.carry`).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def batch_augment(images: torch.Tensor, size: int, generator: torch.Generator | 
     RandomResizedCrop (scale 0.35-1, aspect 3/4-4/3) and the horizontal flip become one affine
     sampling grid per image (``F.affine_grid`` + ``F.grid_sample``, bilinear); ColorJitter's
     brightness, contrast and saturation (0.4 each) become per-image factors. Random numbers come
-    from ``generator`` (on the images' device). Used by: 02 (reference solution) and FastLoader.
+    from ``generator`` (on the images' device). Used by: 02 (the student's loader).
     """
     n, device = images.shape[0], images.device
     rand = lambda *shape: torch.rand(*shape, device=device, generator=generator)  # noqa: E731
@@ -145,45 +146,3 @@ def batch_augment(images: torch.Tensor, size: int, generator: torch.Generator | 
     std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
     mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
     return torch.addcmul(-mean / std, x, 1 / std)
-
-
-class FastLoader:
-    """The fixed input pipeline: decode once, then slice, copy and augment whole batches (Used by: 03-06).
-
-    Iterating gives one epoch of ``(images, labels)`` batches on ``device``, like a DataLoader:
-    shuffled with dropped last partial batch for "train", in order for other splits. The
-    decoded images stay in (pinned, on CUDA) host memory and each batch is copied with
-    ``non_blocking=True``, so the copy overlaps the previous step's work; augmentation runs on
-    the training device. No worker processes: after decoding there is nothing slow left for
-    them to do, and on a CPU they would take cores from the training step.
-    """
-
-    def __init__(self, profile: Profile, *, split: str = "train", augment: bool = True,
-                 device: torch.device | str = "cpu", root: Path | str | None = None, seed: int = 0,
-                 progress: bool = True):
-        self.profile, self.split, self.augment = profile, split, augment
-        self.device = torch.device(device)
-        self.images, self.labels = decode_once(split, size=None if augment else profile.image_size,
-                                               root=root, progress=progress)
-        if self.device.type == "cuda":
-            self.images, self.labels = self.images.pin_memory(), self.labels.pin_memory()
-        self.shuffle = split == "train"
-        self.order_generator = torch.Generator().manual_seed(seed)
-        self.augment_generator = torch.Generator(self.device).manual_seed(seed)
-
-    def __len__(self) -> int:
-        n, b = len(self.labels), self.profile.batch_size
-        return n // b if self.shuffle else math.ceil(n / b)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        n, b = len(self.labels), self.profile.batch_size
-        order = torch.randperm(n, generator=self.order_generator) if self.shuffle else torch.arange(n)
-        for i in range(len(self)):
-            idx = order[i * b:(i + 1) * b]
-            # index_select, not images[idx]: the same gather, about 9x faster on a CPU here
-            images = self.images.index_select(0, idx).to(self.device, non_blocking=True)
-            labels = self.labels.index_select(0, idx).to(self.device, non_blocking=True)
-            if self.augment:
-                yield batch_augment(images, self.profile.image_size, self.augment_generator), labels
-            else:
-                yield normalize(images), labels

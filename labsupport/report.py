@@ -1,10 +1,14 @@
 """The optimisation ladder: every stage recorded by notebooks 01-05, as a table, plots and HTML.
 
-:func:`ladder` reads the results store and builds one row per rung (baseline, +data loading,
-+AMP, +memory, +compile) with throughput, speedups, peak memory and accuracy. A stage that was
-not recorded, or was recorded on another machine, is listed with the notebook to run, never
-raised as a stack trace. :func:`export_html` writes the whole report as one self-contained
-HTML file (plots embedded as PNG data), the single call students and instructors both use.
+:func:`ladder` reads the results store, keeps the rungs measured on this machine (a stage that
+was not recorded, or was recorded elsewhere, is listed with the notebook to run, never raised as
+a stack trace) and builds the ladder table with an ``assemble`` function: the student's own
+``assemble_ladder`` from 06 (the instructor's commands pass the reference's). Columns: samples/s,
+speedup (cumulative), speedup (this rung: against the rung it builds on), peak MiB, accuracy %.
+:func:`export_html` writes the whole report as one self-contained HTML page (plots embedded as
+PNG data, readable on a phone): per rung its throughput with spread, speedups, time breakdown,
+memory, accuracy and the change it made; the graded checks; the published case-study ladder
+beside the student's; and the student's written analysis. Students and instructors both use it.
 """
 
 from __future__ import annotations
@@ -13,33 +17,38 @@ import base64
 import datetime as dt
 import html
 import io
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from . import results
+from . import notebooks, results
 
-# The ladder's rungs, in order: (stage recorded in the results store, rung label).
-RUNGS = (
-    ("01-baseline", "baseline"),
-    ("02-data", "+data loading"),
-    ("03-amp", "+AMP"),
-    ("04-memory", "+memory (larger batch)"),
-    ("05-compile", "+compile"),
-)
+# The ladder's rungs, in order: (stage recorded in the results store, rung label), from the registry.
+RUNGS = tuple((nb.stage, nb.rung) for nb in notebooks.rungs())
+COLUMNS = ("samples/s", "speedup (cumulative)", "speedup (this rung)", "peak MiB", "accuracy %")
 
-# Why some cells of the ladder are empty (printed under the table by `make run` and the report).
-LADDER_NOTE = ("Peak memory is counted on every rung except a compiled step off CUDA, where the "
-               "counting runs it eagerly. Accuracy comes from 03's training run, fp32 against "
-               "16-bit; 04 and 05 check correctness by comparing gradients and outputs instead.")
+# Why some cells of the ladder are empty, and why +compile sits beside +memory (printed under the
+# table by `make run` and in the report).
+LADDER_NOTE = ("Each rung adds one change to the rung it builds on; +compile builds on +AMP, since "
+               "torch.compile cannot trace 04's checkpointing. Peak memory is counted on every rung "
+               "except a compiled step off CUDA, where the counting runs it eagerly. Accuracy comes "
+               "from 03's training run, fp32 against 16-bit; 04 and 05 check correctness by "
+               "comparing gradients and outputs instead.")
+
+# The published ladder this lab follows, for comparison (design brief): ResNet-50 on a data-centre
+# GPU, each rung's cumulative speedup. Another model on other hardware: compare shapes, not values.
+CASE_STUDY = (("baseline", 1.0), ("+workers", 1.4), ("+AMP", 1.9), ("+larger batch", 2.3), ("+compile", 2.8))
+CASE_STUDY_HARDWARE = "ResNet-50 training on an NVIDIA data-centre GPU (the case study this lab follows)"
 
 
 @dataclass
 class Ladder:
     """The ladder table and what is missing from it (Used by: 06 and the instructor's report)."""
 
-    table: pd.DataFrame  # one row per recorded rung, indexed by rung label
+    table: pd.DataFrame  # one row per recorded rung, indexed by rung label (what `assemble` built)
+    rows: pd.DataFrame = field(default_factory=pd.DataFrame)  # the records behind it: stage, batch, metrics
     missing: list[str] = field(default_factory=list)  # "stage: why, and which notebook to run"
     machine: dict = field(default_factory=dict)  # the machine the rungs were measured on
 
@@ -48,11 +57,14 @@ def _same_machine(a: dict, b: dict) -> bool:
     return all(a.get(k) == b.get(k) for k in ("device_class", "device_name"))
 
 
-def ladder(directory: Path | str | None = None, machine: dict | None = None) -> Ladder:
-    """Build the ladder from the results store (Used by: 06).
+def ladder(directory: Path | str | None = None, machine: dict | None = None,
+           assemble: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> Ladder:
+    """The ladder from the results store (Used by: 06 and the instructor's reports).
 
     ``machine`` (default: the baseline's) is the machine every rung must come from; a rung
-    recorded elsewhere is left out and listed in ``missing``.
+    recorded elsewhere is left out and listed in ``missing``. ``assemble(rows)`` turns the
+    records (columns ``stage``, ``batch`` and the metrics) into the table; without it the table
+    is empty and only ``rows`` and ``missing`` are filled.
     """
     records, missing = {}, []
     for stage, label in RUNGS:
@@ -72,35 +84,44 @@ def ladder(directory: Path | str | None = None, machine: dict | None = None) -> 
                            f"({rec['machine'].get('device_class')}), not on this machine; run "
                            f"{results.notebook_for(stage)} here.")
             continue
-        rows.append({"stage": stage, "batch": (rec.get("profile") or {}).get("batch_size"), **rec["metrics"]})
-    table = ladder_from_frame(pd.DataFrame(rows))
-    return Ladder(table, missing, machine or {})
+        nb = notebooks.by_stage(stage)
+        rows.append({"stage": stage, "batch": (rec.get("profile") or {}).get("batch_size"),
+                     "change": nb.change or "", "builds_on": nb.builds_on, **rec["metrics"]})
+    frame = pd.DataFrame(rows, columns=None if rows else ["stage", "batch", "change", "samples_per_s"])
+    table = assemble(frame.copy()) if assemble else pd.DataFrame(columns=list(COLUMNS))
+    return Ladder(table, frame, missing, machine or {})
 
 
-def ladder_from_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """The ladder table from results rows (``results.load_all()``): one row per rung, in order.
+def measure_rung(stage: str, step, loader, lab, *, profile=None, progress: bool = True, **extra) -> dict:
+    """Measure one rung of the ladder end to end, now, and record it (Used by: 01-05).
 
-    Columns: samples/s, speedup (cumulative, against the baseline), speedup (this rung, against
-    the rung before), peak MiB, accuracy %. Used by: ladder() and the 06 check of the student's
-    ``assemble_ladder``.
+    The lab's one timing path for every rung, so rungs compare: ``loader`` feeds ``step`` for the
+    profile's warm-up and measured steps (throughput at the median step, with its IQR), then a
+    phase breakdown (data wait, host to device, forward, backward, optimizer), then the peak
+    memory of one step where it can be counted (not a compiled step off CUDA: the CPU count runs
+    it eagerly). The baseline logs ``loss.item()`` every step, as the naive script does; the
+    other rungs copy asynchronously and do not. Recorded with the step's config, the profile,
+    the machine, the rung's one change and the rung it builds on (the registry). ``extra``
+    metrics are recorded too. Returns the metrics.
     """
-    labels = dict(RUNGS)
-    cols = ["stage", "batch", "samples/s", "speedup (cumulative)", "speedup (this rung)", "peak MiB", "accuracy %"]
-    if frame.empty:
-        return pd.DataFrame(columns=cols)
-    rows = frame[frame["stage"].isin(labels)].set_index("stage").reindex([s for s, _ in RUNGS]).dropna(
-        subset=["samples_per_s"])
-    get = lambda name: rows[name] if name in rows else pd.Series(float("nan"), index=rows.index)  # noqa: E731
-    table = pd.DataFrame({"stage": rows.index, "batch": get("batch"), "samples/s": rows["samples_per_s"]},
-                         index=rows.index)
-    base = rows["samples_per_s"].get("01-baseline", float("nan"))
-    table["speedup (cumulative)"] = table["samples/s"] / base
-    table["speedup (this rung)"] = table["samples/s"] / table["samples/s"].shift(1)
-    table["batch"] = table["batch"].astype("Int64")
-    table["peak MiB"] = get("peak_bytes") / 2**20
-    table["accuracy %"] = 100 * get("accuracy")
-    table.index = [labels[s] for s in table.index]
-    return table[cols]
+    from . import measure, memory, pipeline, train
+
+    profile = profile or lab.profile
+    nb = notebooks.by_stage(stage)
+    naive = nb.builds_on is None
+    batches = pipeline.forever(loader)
+    timing = measure.time_steps(train.pipeline_step(batches, step, non_blocking=not naive, item_every_step=naive),
+                                lab.device, warmup=profile.warmup_steps, steps=profile.measure_steps,
+                                samples_per_step=profile.batch_size, progress=progress)
+    phases = train.phase_breakdown(batches, step, steps=max(3, profile.measure_steps // 2), warmup=1,
+                                   non_blocking=not naive)
+    metrics = {**timing.summary(), "phases_ms": {p: float(pd.Series(v).median()) for p, v in phases.items()}}
+    if not (step.config.compiled and lab.device.type != "cuda"):
+        x, y = step.to_device(*next(batches))
+        metrics["peak_bytes"] = memory.peak_step_bytes(lambda: step(x, y), lab.device).peak_bytes
+    metrics.update(extra, change=nb.change, builds_on=nb.builds_on)
+    results.record(stage, metrics, config=step.config, machine=lab.machine, profile=profile)
+    return metrics
 
 
 def _png(fig) -> str:
@@ -109,8 +130,48 @@ def _png(fig) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+def rung_details(lad: Ladder) -> pd.DataFrame:
+    """Per recorded rung: its one change, the rung it builds on, throughput with its spread (from
+    the step times' IQR), step time, peak memory and accuracy (Used by: the report, ``make run``)."""
+    labels = dict(RUNGS)
+    rows = []
+    for _, rec in lad.rows.iterrows():
+        get = lambda key: rec[key] if key in rec and pd.notna(rec[key]) else float("nan")  # noqa: E731
+        median, iqr, batch = get("median_ms"), get("iqr_ms"), get("batch")
+        rows.append({"rung": labels.get(rec["stage"], rec["stage"]), "change": get("change"),
+                     "builds on": labels.get(get("builds_on"), "") if isinstance(get("builds_on"), str) else "",
+                     "batch": batch, "samples/s": get("samples_per_s"),
+                     "samples/s IQR": (f"{batch / (median + iqr / 2) * 1000:,.1f}-{batch / max(median - iqr / 2, 1e-9) * 1000:,.1f}"
+                                       if pd.notna(iqr) and pd.notna(batch) and pd.notna(median) else ""),
+                     "step ms (median)": median, "peak MiB": get("peak_bytes") / 2**20,
+                     "accuracy %": 100 * get("accuracy")})
+    return pd.DataFrame(rows).set_index("rung") if rows else pd.DataFrame()
+
+
+def phases(lad: Ladder) -> pd.DataFrame:
+    """Milliseconds per phase of a step (median), one row per rung that recorded a breakdown."""
+    from .train import PHASES
+
+    labels = dict(RUNGS)
+    rows = {labels.get(rec["stage"], rec["stage"]): rec["phases_ms"] for _, rec in lad.rows.iterrows()
+            if isinstance(rec.get("phases_ms"), dict)}
+    return pd.DataFrame(rows).T.reindex(columns=list(PHASES)) if rows else pd.DataFrame()
+
+
+def case_study(lad: Ladder) -> pd.DataFrame:
+    """The published case-study ladder beside this run's cumulative speedups, rung by rung."""
+    mine = lad.table["speedup (cumulative)"] if "speedup (cumulative)" in lad.table else pd.Series(dtype=float)
+    n = max(len(CASE_STUDY), len(mine))
+    cell = lambda seq, i: seq[i] if i < len(seq) else None  # noqa: E731
+    return pd.DataFrame({"published rung": [cell([r for r, _ in CASE_STUDY], i) for i in range(n)],
+                         "published speedup": [cell([v for _, v in CASE_STUDY], i) for i in range(n)],
+                         "your rung": [cell(list(mine.index), i) for i in range(n)],
+                         "your speedup": [cell(list(mine.values), i) for i in range(n)]})
+
+
 def plots(lad: Ladder) -> dict[str, object]:
-    """The report's matplotlib figures: the ladder bar chart and memory against throughput.
+    """The report's matplotlib figures: the ladder with its spread, where each rung's time goes,
+    memory against throughput, and the case study beside this run.
 
     Built with ``matplotlib.figure.Figure`` rather than pyplot, so no GUI backend or global figure
     state is involved: the same code works in a notebook, a terminal and a headless grader.
@@ -119,17 +180,40 @@ def plots(lad: Ladder) -> dict[str, object]:
 
     figures = {}
     t = lad.table
-    if t.empty:
+    if t.empty or "samples/s" not in t:
         return figures
+    details = rung_details(lad)
     fig = Figure(figsize=(7, 3.6))
     ax = fig.subplots()
-    bars = ax.barh(t.index[::-1], t["samples/s"][::-1], color="#4c72b0")
+    spread = None
+    if not details.empty and {"step ms (median)", "batch"} <= set(details):
+        iqr = lad.rows.set_index(lad.rows["stage"].map(dict(RUNGS)))
+        if "iqr_ms" in iqr and "median_ms" in iqr:
+            lo = iqr["batch"] / (iqr["median_ms"] + iqr["iqr_ms"] / 2) * 1000
+            hi = iqr["batch"] / (iqr["median_ms"] - iqr["iqr_ms"] / 2).clip(lower=1e-9) * 1000
+            med = t["samples/s"]
+            spread = [(med - lo.reindex(t.index)).clip(lower=0).fillna(0)[::-1],
+                      (hi.reindex(t.index) - med).clip(lower=0).fillna(0)[::-1]]
+    bars = ax.barh(t.index[::-1], t["samples/s"][::-1], color="#4c72b0", xerr=spread, capsize=3)
     if t.get("speedup (cumulative)") is not None and t["speedup (cumulative)"].notna().any():
         ax.bar_label(bars, labels=[f"{v:.2f}x" if pd.notna(v) else "" for v in t["speedup (cumulative)"][::-1]],
-                     padding=3)
-    ax.set(xlabel="training samples/s (end to end)", title="The optimisation ladder")
+                     padding=6)
+    ax.set(xlabel="training samples/s, end to end (whiskers: IQR of step times)", title="The optimisation ladder")
     figures["ladder"] = fig
-    mem = t.dropna(subset=["peak MiB"])
+    ph = phases(lad)
+    if not ph.empty:
+        fig = Figure(figsize=(7, 3.6))
+        ax = fig.subplots()
+        left = pd.Series(0.0, index=ph.index)
+        colours = ("#dd8452", "#937860", "#4c72b0", "#55a868", "#8172b3")
+        for phase, colour in zip(ph.columns, colours):
+            ax.barh(ph.index[::-1], ph[phase][::-1], left=left[::-1], label=phase, color=colour)
+            left += ph[phase].fillna(0)
+        ax.set(xlabel="ms per step (median of each phase, synchronised at each boundary)",
+               title="Where a step's time goes")
+        ax.legend(loc="lower right", fontsize="small")
+        figures["breakdown"] = fig
+    mem = t.dropna(subset=["peak MiB"]) if "peak MiB" in t else pd.DataFrame()
     if not mem.empty:
         fig = Figure(figsize=(6, 3.6))
         ax = fig.subplots()
@@ -138,39 +222,96 @@ def plots(lad: Ladder) -> dict[str, object]:
             ax.annotate(label, (row["samples/s"], row["peak MiB"]), textcoords="offset points", xytext=(5, 4))
         ax.set(xlabel="samples/s", ylabel="peak memory of a step (MiB)", title="Memory against throughput")
         figures["memory"] = fig
+    if "speedup (cumulative)" in t and t["speedup (cumulative)"].notna().any():
+        fig = Figure(figsize=(6, 3.4))
+        ax = fig.subplots()
+        ax.plot(range(len(CASE_STUDY)), [v for _, v in CASE_STUDY], "o--", color="gray",
+                label="published (ResNet-50, data-centre GPU)")
+        ax.plot(range(len(t)), t["speedup (cumulative)"], "o-", color="#4c72b0",
+                label=f"yours (ResNet-18, {lad.machine.get('device_class', 'this machine')})")
+        ax.set(xlabel="rung", ylabel="cumulative speedup", title="Your ladder and the case study's")
+        ax.set_xticks(range(max(len(t), len(CASE_STUDY))))
+        ax.legend(fontsize="small")
+        figures["case study"] = fig
     return figures
 
 
-def export_html(path: Path | str, directory: Path | str | None = None, *, title: str = "PyTorch Performance Lab: report",
-                extra: dict[str, pd.DataFrame] | None = None, analysis: str = "") -> Path:
-    """Write the comparison report as one self-contained HTML file and return its path (Used by: 06).
+def analysis_from_notebook(path: Path | str = "06_report.ipynb", grade_id: str = "analysis") -> str:
+    """The student's written analysis: the markdown cell ``grade_id`` of their 06 notebook ("" if
+    the notebook is not beside the kernel, as in Colab, where the report says so)."""
+    import json
 
-    Tables are HTML, plots are PNG embedded as data URIs: the file opens offline, anywhere.
-    ``extra`` adds named tables (e.g. the graded checks), ``analysis`` a written paragraph.
+    try:
+        cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, KeyError):
+        return ""
+    for cell in cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
+            source = cell.get("source", "")
+            return "".join(source) if isinstance(source, list) else source
+    return ""
+
+
+def _table(frame: pd.DataFrame, css: str, **kw) -> str:
+    """A DataFrame as an HTML table that scrolls sideways on a narrow screen instead of overflowing."""
+    return f'<div class="scroll">{frame.to_html(classes=css, na_rep="", **kw)}</div>'
+
+
+def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performance Lab: report",
+                checks: pd.DataFrame | None = None, analysis: str | None = None,
+                extra: dict[str, pd.DataFrame] | None = None) -> Path:
+    """Write the comparison report of ladder ``lad`` as one self-contained HTML page; return its path.
+
+    Sections: the machine; the ladder (the ``assemble`` table) and each rung's details (change,
+    spread, step time, memory, accuracy); plots (the ladder with spread, the time breakdown,
+    memory, the case study); the published case-study ladder beside this one; the graded checks
+    (``checks``, default: every notebook's kept table in the results store); the written
+    ``analysis`` (default: read from ``06_report.ipynb`` beside the kernel); missing stages.
+    Tables are HTML and plots PNG data URIs: the page opens offline, anywhere, at any width.
+    Used by: 06 and the instructor's reports.
     """
-    lad = ladder(directory)
+    from .grading import kept_checks
+
     figures = plots(lad)
+    checks = kept_checks() if checks is None else checks
+    analysis = analysis_from_notebook() if analysis is None else analysis
     parts = [f"<h1>{html.escape(title)}</h1>",
              f"<p>Generated {dt.datetime.now().isoformat(timespec='seconds')}.</p>"]
     if lad.machine:
         machine = pd.Series(lad.machine, name="value").to_frame()
-        parts += ["<h2>Machine</h2>", machine.to_html(classes="machine")]
-    parts.append("<h2>The ladder</h2>")
+        parts += ['<h2 id="machine">Machine</h2>', _table(machine, "machine")]
+    parts.append('<h2 id="ladder">The ladder</h2>')
     if lad.table.empty:
         parts.append("<p>No stage has been recorded yet.</p>")
     else:
-        parts.append(lad.table.drop(columns=["stage"]).to_html(float_format=lambda v: f"{v:,.2f}",
-                                                               na_rep="", classes="ladder"))
+        parts.append(_table(lad.table.drop(columns=["stage"], errors="ignore"), "ladder",
+                            float_format=lambda v: f"{v:,.2f}"))
         parts.append(f"<p><small>Empty cells were not measured. {html.escape(LADDER_NOTE)}</small></p>")
+        details = rung_details(lad)
+        if not details.empty:
+            parts += ['<h2 id="rungs">Each rung: what changed, spread, memory</h2>',
+                      _table(details, "rungs", float_format=lambda v: f"{v:,.1f}")]
     if lad.missing:
-        parts += ["<h2>Missing stages</h2>", "<ul>"] + \
+        parts += ['<h2 id="missing">Missing stages</h2>', "<ul>"] + \
                  [f"<li>{html.escape(m)}</li>" for m in lad.missing] + ["</ul>"]
+    if figures:
+        parts.append('<h2 id="plots">Plots</h2>')
     for name, fig in figures.items():
         parts.append(figure_html(fig, f"{name} plot"))
+    parts += ['<h2 id="case-study">The published ladder beside yours</h2>',
+              f"<p>{html.escape(CASE_STUDY_HARDWARE)}: compare the shape of the two ladders, not their "
+              "values.</p>", _table(case_study(lad), "case-study", index=False, float_format=lambda v: f"{v:.2f}x")]
+    parts.append('<h2 id="checks">Graded checks</h2>')
+    if checks.empty:
+        parts.append("<p>No graded checks were run yet: run each notebook's \"Check your work\" cell.</p>")
+    else:
+        parts.append(_table(checks, "checks", index=False))
     for name, frame in (extra or {}).items():
-        parts += [f"<h2>{html.escape(name)}</h2>", frame.to_html(na_rep="", classes="extra")]
-    if analysis:
-        parts += ["<h2>Analysis</h2>", f"<p>{html.escape(analysis)}</p>"]
+        parts += [f"<h2>{html.escape(name)}</h2>", _table(frame, "extra")]
+    parts.append('<h2 id="analysis">Analysis</h2>')
+    parts.append(f'<div class="analysis">{html.escape(analysis)}</div>' if analysis.strip() else
+                 "<p>The written analysis is in 06_report.ipynb (its notebook was not beside the kernel "
+                 "that exported this page).</p>")
     return write_page(path, title, parts)
 
 
@@ -184,11 +325,14 @@ def write_page(path: Path | str, title: str, parts: list[str]) -> Path:
 
     Used by: export_html and the instructor's class summary (autograder/reports.py).
     """
-    style = ("body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
-             "text-align:right}th{background:#f3f3f3}img{max-width:100%}")
-    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+    style = ("body{font-family:system-ui,sans-serif;max-width:60em;margin:1em auto;padding:0 1em;color:#222}"
+             ".scroll{overflow-x:auto}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}"
+             "th{background:#f3f3f3}"
+             "img{max-width:100%;height:auto}figure{margin:1em 0}.analysis{white-space:pre-wrap}")
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
@@ -196,28 +340,7 @@ def write_page(path: Path | str, title: str, parts: list[str]) -> Path:
 
 
 def default_path() -> Path:
-    """Where the notebook's HTML report goes: ``LAB_REPORT``, else ``./build/report.html`` (Used by: 06)."""
-    import os
+    """Where the notebook's HTML report goes (:func:`labsupport.paths.report_path`; Used by: 06)."""
+    from .paths import report_path
 
-    return Path(os.environ.get("LAB_REPORT", Path("build") / "report.html"))
-
-
-def optimised_config(machine):
-    """The fully optimised training step of the ladder on ``machine`` (Used by: 06's end-to-end check).
-
-    16-bit autocast with channels_last where the hardware is fast in 16 bits (fp16 with a
-    GradScaler on GPUs, bf16 on CPUs with bf16 units; :func:`~labsupport.hardware.autocast_dtype`),
-    and torch.compile where it pays for training: on CUDA. On a CPU compile made the training step
-    no faster (05), and the larger checkpointed batch bought memory, not speed (04), so neither is
-    in the CPU's optimised step; on a CPU without bf16 units it stays in float32.
-    """
-    from .hardware import Machine, autocast_dtype
-    from .train import StepConfig
-
-    if not isinstance(machine, Machine):
-        raise TypeError(f"optimised_config takes lab.machine, not {machine!r}")
-    dtype = autocast_dtype(machine)
-    if dtype is None:
-        return StepConfig()
-    return StepConfig(amp_dtype=dtype, grad_scaler=dtype == "float16", channels_last=True,
-                      compiled=machine.device == "cuda")
+    return report_path()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import os
 import re
 from pathlib import Path
 
@@ -19,28 +18,26 @@ import pandas as pd
 
 SCHEMA_VERSION = 1
 
-NOTEBOOKS = {
-    "01": "01_profile.ipynb",
-    "02": "02_data_loading.ipynb",
-    "03": "03_amp.ipynb",
-    "04": "04_checkpointing.ipynb",
-    "05": "05_compile.ipynb",
-    "06": "06_report.ipynb",
-}
-
-
 class ResultsError(RuntimeError):
     """A stage's results are missing or unreadable; the message says which notebook to run."""
 
 
 def results_dir() -> Path:
-    """Where results are kept: ``LAB_RESULTS`` or ``./results`` (Used by: every notebook)."""
-    return Path(os.environ.get("LAB_RESULTS", "results"))
+    """Where results are kept: ``LAB_RESULTS``, the lab folder's ``results/`` or ``./results``
+    (:func:`labsupport.paths.results_dir`; Used by: every notebook)."""
+    from .paths import results_dir as where
+
+    return where()
 
 
 def notebook_for(stage: str) -> str:
-    """The notebook that records ``stage``, from its number prefix."""
-    return NOTEBOOKS.get(stage[:2], f"the notebook numbered {stage[:2]!r}")
+    """The notebook that records ``stage``, from its number prefix (the registry in notebooks.py)."""
+    from . import notebooks
+
+    try:
+        return notebooks.of(stage).file
+    except ValueError:
+        return f"the notebook numbered {stage.split('-', 1)[0]!r}"
 
 
 def _jsonable(value):

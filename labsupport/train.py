@@ -1,9 +1,12 @@
-"""ResNet-18 and one training step with every knob the lab teaches, so notebooks compare variants
-without copying a training loop.
+"""ResNet-18 and the harness of one training step, so notebooks compare variants without
+copying a training loop.
 
-:class:`StepConfig` holds the knobs (autocast dtype, GradScaler, channels_last, checkpointed
-segments, accumulation, torch.compile); :class:`TrainStep` runs one optimizer update with them.
-Device, dtype and compile are decided here, in one place, as in nanoGPT's ``train.py``.
+:class:`TrainStep` owns a seeded model, its SGD optimizer and a GradScaler, and runs one optimizer
+update: the lab's fp32 baseline update, or the student's own (03's ``amp_train_step``) passed as
+``update``, through the student's own network (04's ``checkpointed`` wrapper) passed as ``net``.
+:class:`StepConfig` records what the step is (precision, memory format, checkpointing, compile)
+and is stored with every result. The optimisations themselves are the students' answers, so
+none of them is implemented here.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import torch
 import torch.nn.functional as F
 import torchvision
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .measure import PhaseClock
 
@@ -29,21 +31,22 @@ PHASES = ("data wait", "host to device", "forward", "backward", "optimizer")
 class StepConfig:
     """The knobs of one training step (Used by: notebooks 01-06; stored with every result)."""
 
-    amp_dtype: str | None = None  # autocast dtype: "bfloat16", "float16", or None for fp32
-    grad_scaler: bool = False  # scale the loss with torch.amp.GradScaler (needed for float16)
+    amp_dtype: str | None = None  # 16-bit type the update autocasts to: "bfloat16", "float16", None
     channels_last: bool = False  # NHWC memory format for weights and inputs (faster convs with AMP)
-    checkpoint_segments: int = 0  # 0: off; k: recompute the network body in k segments
-    accumulation_steps: int = 1  # micro-batches per optimizer step (same update, less memory)
-    compiled: bool = False  # torch.compile the model (not named `compile`: that is a builtin)
+    checkpoint_segments: int = 0  # 0: off; k: the network given as `net` recomputes k segments
+    batch_size: int | None = None  # images per optimizer step, where it differs from the profile's
+    compiled: bool = False  # torch.compile the network (not named `compile`: that is a builtin)
     compile_mode: str = "default"  # torch.compile mode: "default", "reduce-overhead", ...
     lr: float = 0.02  # SGD learning rate (0.05 spiked early: 65% vs 75% val acc after 120 steps)
     momentum: float = 0.9  # SGD momentum
 
     def __post_init__(self):
+        if isinstance(self.amp_dtype, torch.dtype):  # torch.bfloat16 -> "bfloat16": results store strings
+            object.__setattr__(self, "amp_dtype", str(self.amp_dtype).removeprefix("torch."))
         if self.amp_dtype not in (None, "bfloat16", "float16"):
             raise ValueError(f"amp_dtype={self.amp_dtype!r}: use 'bfloat16', 'float16' or None.")
-        if self.accumulation_steps < 1 or self.checkpoint_segments < 0:
-            raise ValueError("accumulation_steps must be >= 1 and checkpoint_segments >= 0.")
+        if self.checkpoint_segments < 0:
+            raise ValueError("checkpoint_segments must be >= 0.")
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -65,66 +68,53 @@ def build_model(num_classes: int = 10, seed: int = 0) -> nn.Module:
         return torchvision.models.resnet18(weights=None, num_classes=num_classes)
 
 
-@contextlib.contextmanager
-def batchnorm_stats_frozen(modules: list[nn.Module]):
-    """Keep BatchNorm running statistics unchanged while a checkpointed segment is recomputed.
+Update = Callable[..., torch.Tensor]  # (net, optimizer, scaler, images, labels, dtype) -> loss
 
-    The recomputation in backward runs the segment's forward a second time in training mode, which
-    would update each BatchNorm's running mean and variance twice per step. Momentum 0 makes the
-    update a no-op; the batch statistics used for the output, and so the gradients, are unchanged.
+
+@contextlib.contextmanager
+def _phase_hooks(step: "TrainStep", clock: PhaseClock | None):
+    """Stamp the phases of a student's update with module and gradient hooks, without touching it.
+
+    Time up to the network's forward is "optimizer" (zero_grad), the forward is "forward", up to
+    the gradient of the first layer's weight (the last one backward computes) is "backward", and
+    the rest is "optimizer" again (the scaler's step and update). With micro-batches each
+    forward and backward is charged to its phase. No clock: no hooks.
     """
-    norms = [m for seg in modules for m in seg.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    saved = [(m.momentum, m.num_batches_tracked.clone() if m.num_batches_tracked is not None else None)
-             for m in norms]
-    for m in norms:
-        m.momentum = 0.0
+    if clock is None:
+        yield
+        return
+    params = [p for p in step.model.parameters() if p.requires_grad]
+    handles = [step.net.register_forward_pre_hook(lambda *_: clock.mark("optimizer")),
+               step.net.register_forward_hook(lambda *_: clock.mark("forward"))]
+    if params:  # the first parameter's gradient is accumulated last in backward
+        handles.append(params[0].register_post_accumulate_grad_hook(lambda _: clock.mark("backward")))
     try:
         yield
     finally:
-        for m, (momentum, tracked) in zip(norms, saved):
-            m.momentum = momentum
-            if tracked is not None:
-                m.num_batches_tracked.copy_(tracked)
-
-
-class CheckpointedResNet(nn.Module):
-    """ResNet-18 whose body (stem and residual blocks) is recomputed in backward (Used by: 04).
-
-    The body's 9 units (stem + 8 basic blocks) are split into ``segments`` contiguous segments;
-    only each segment's input is kept for backward, and activations inside a segment are
-    recomputed. Uses ``checkpoint(..., use_reentrant=False)``, the implementation PyTorch
-    recommends (it supports keyword arguments, ``torch.compile`` and non-tensor outputs).
-    """
-
-    def __init__(self, resnet: torchvision.models.ResNet, segments: int):
-        super().__init__()
-        self.resnet = resnet  # kept whole so its state_dict matches a plain ResNet-18 (prefix aside)
-        units = [nn.Sequential(resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool)]
-        for layer in (resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4):
-            units.extend(layer)
-        if not 1 <= segments <= len(units):
-            raise ValueError(f"checkpoint_segments={segments}: choose 1 to {len(units)}.")
-        bounds = np.linspace(0, len(units), segments + 1).round().astype(int)
-        self.segments = [nn.Sequential(*units[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for segment in self.segments:
-            x = checkpoint(segment, x, use_reentrant=False,
-                           context_fn=lambda s=segment: (contextlib.nullcontext(),
-                                                         batchnorm_stats_frozen([s])))
-        x = torch.flatten(self.resnet.avgpool(x), 1)
-        return self.resnet.fc(x)
+        for handle in handles:
+            handle.remove()
 
 
 class TrainStep:
-    """One optimizer update of a model under a :class:`StepConfig` (Used by: notebooks 01-06).
+    """One optimizer update of a model (Used by: notebooks 01-06 and their checks).
 
     ``step(images, labels)`` returns the batch's mean loss as a detached tensor on the device; it
     does not call ``.item()``, so it never forces a device sync the caller did not ask for.
+
+    - ``net``: what the forward pass calls; the model itself, or a module wrapping it (04's
+      checkpointed version). The optimizer updates ``model``'s parameters either way.
+    - ``update``: a function ``update(net, optimizer, scaler, images, labels, dtype)`` that runs
+      one update and returns the loss (03's ``amp_train_step``). Without it the step runs the
+      lab's float32 baseline update. ``dtype`` is ``config.amp_dtype`` as a torch dtype (or None)
+      and the scaler is enabled for float16 only.
     """
 
     def __init__(self, model: nn.Module, config: StepConfig = StepConfig(),
-                 device: torch.device | str = "cpu", net: nn.Module | None = None):
+                 device: torch.device | str = "cpu", net: nn.Module | None = None,
+                 update: Update | None = None):
+        if config.amp_dtype and update is None:
+            raise ValueError(f"StepConfig(amp_dtype={config.amp_dtype!r}) needs update=: the lab's own "
+                             "step trains in float32; pass your mixed-precision step (03's amp_train_step).")
         self.config = config
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -132,17 +122,15 @@ class TrainStep:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr,
                                          momentum=config.momentum)
-        # ``net`` is what forward calls: the model itself, or a module wrapping it (a student's
-        # checkpointed version, in notebook 04's checks); the optimizer updates ``model``.
         net = self.model if net is None else net
-        if config.checkpoint_segments:
-            net = CheckpointedResNet(net, config.checkpoint_segments)
         if config.compiled:
             net = torch.compile(net, mode=config.compile_mode)
         self.net = net  # what forward calls; self.model keeps the plain parameters
-        self.autocast = (torch.autocast(self.device.type, dtype=getattr(torch, config.amp_dtype))
-                         if config.amp_dtype else contextlib.nullcontext())
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.grad_scaler)
+        self.update = update
+        self.dtype = getattr(torch, config.amp_dtype) if config.amp_dtype else None
+        self.autocast = (torch.autocast(self.device.type, dtype=self.dtype) if self.dtype is not None
+                         else contextlib.nullcontext())  # for evaluation (evaluate)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype is torch.float16)
 
     def to_device(self, images: torch.Tensor, labels: torch.Tensor, non_blocking: bool = False):
         """Copy a batch to the step's device, in the step's memory format."""
@@ -155,31 +143,32 @@ class TrainStep:
                  clock: PhaseClock | None = None) -> torch.Tensor:
         mark = clock.mark if clock else (lambda phase: None)
         self.model.train()
+        if self.update is not None:  # the student's update, its phases stamped by hooks
+            with _phase_hooks(self, clock):
+                loss = self.update(self.net, self.optimizer, self.scaler, images, labels, self.dtype)
+            mark("optimizer")
+            return torch.as_tensor(loss).detach()
         self.optimizer.zero_grad(set_to_none=True)
         mark("optimizer")
-        n = images.shape[0]
-        total = torch.zeros((), device=self.device)
-        chunks = zip(images.tensor_split(self.config.accumulation_steps),
-                     labels.tensor_split(self.config.accumulation_steps))
-        for x, y in chunks:
-            with self.autocast:
-                # Weight each micro-batch by its share of the batch: the summed gradients then
-                # equal the gradient of the full batch's mean loss, even for uneven splits.
-                loss = F.cross_entropy(self.net(x), y) * (x.shape[0] / n)
-            mark("forward")
-            self.scaler.scale(loss).backward()
-            mark("backward")
-            total += loss.detach().float()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+        loss = F.cross_entropy(self.net(images), labels)
+        mark("forward")
+        loss.backward()
+        mark("backward")
+        self.optimizer.step()
         mark("optimizer")
-        return total
+        return loss.detach()
 
 
 def make_step(config: StepConfig = StepConfig(), device: torch.device | str = "cpu",
-              seed: int = 0, num_classes: int = 10) -> TrainStep:
-    """A fresh seeded ResNet-18 with its training step (Used by: notebooks 01-06)."""
-    return TrainStep(build_model(num_classes, seed), config, device)
+              seed: int = 0, num_classes: int = 10, *, update: Update | None = None,
+              wrap: Callable[[nn.Module], nn.Module] | None = None) -> TrainStep:
+    """A fresh seeded ResNet-18 with its training step (Used by: notebooks 01-06).
+
+    ``update`` is the student's update function (see :class:`TrainStep`); ``wrap(model)`` builds
+    the network forward calls around the model (04: ``lambda m: checkpointed(m, SEGMENTS)``).
+    """
+    model = build_model(num_classes, seed)
+    return TrainStep(model, config, device, net=wrap(model) if wrap else None, update=update)
 
 
 def pipeline_step(batches: Iterator, step: TrainStep, *, non_blocking: bool = False,
@@ -200,7 +189,8 @@ def phase_breakdown(batches: Iterator, step: TrainStep, *, steps: int, warmup: i
                     non_blocking: bool = False) -> dict[str, list[float]]:
     """Milliseconds per phase for each of ``steps`` steps (Used by: 01, 02; see PhaseClock).
 
-    Returns ``{phase: [ms per step]}`` for the phases in :data:`PHASES`.
+    Returns ``{phase: [ms per step]}`` for the phases in :data:`PHASES`, for the lab's update and
+    a student's alike (hooks stamp a student's update: see :func:`_phase_hooks`).
     """
     clock = PhaseClock(step.device)
     per_step: dict[str, list[float]] = {p: [] for p in PHASES}
@@ -230,3 +220,97 @@ def evaluate(step: TrainStep, loader) -> float:
         total += labels.numel()
     step.model.train()
     return correct / max(total, 1)
+
+
+def grads_and_stats(net: nn.Module, model: nn.Module, images: torch.Tensor, labels: torch.Tensor):
+    """One backward through ``net``: ``(gradients of model's parameters, BatchNorm running stats)``.
+
+    Used by: 04 (a checkpointed network must give the plain one's gradients and statistics).
+    """
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(net(images), labels).backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    stats = [b.detach().clone() for name, b in model.named_buffers() if "running" in name]
+    return grads, stats
+
+
+def group_norm_resnet(seed: int = 0) -> nn.Module:
+    """ResNet-18 with GroupNorm in place of BatchNorm (Used by: 04's accumulation check).
+
+    BatchNorm normalises with the statistics of the batch it sees, so k micro-batches are not the
+    same computation as one large batch; a per-sample norm makes accumulation exactly equal.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return torchvision.models.resnet18(num_classes=10, norm_layer=lambda c: nn.GroupNorm(8, c))
+
+
+# The accuracy-parity run of 03: long enough that both runs converge, since the gap between two
+# short, unconverged runs is mostly noise, and at a reduced image size so it fits the time budget
+# (mixed precision's rounding does not depend on the image size).
+PARITY_IMAGE_SIZE = 32
+PARITY_BATCH_SIZE = 64
+PARITY_STEPS = 160
+PARITY_MAX_LR = 0.05
+
+
+def parity_run(step: TrainStep, train_images, train_labels, val_images, val_labels, *, steps: int,
+               batch_size: int, seed: int = 0, progress: bool = False) -> float:
+    """Train ``step`` for ``steps`` steps (one-cycle LR, random flips) and return val accuracy.
+
+    Data order and flips come from ``seed``, so two steps trained with the same seed see the same
+    batches. Used by: the 03 accuracy check and notebook 03.
+    """
+    sched = torch.optim.lr_scheduler.OneCycleLR(step.optimizer, max_lr=PARITY_MAX_LR,
+                                                total_steps=steps, pct_start=0.25)
+    g = torch.Generator().manual_seed(seed)
+    loop = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+        loop = tqdm(loop, desc="training", leave=False)
+    for _ in loop:
+        idx = torch.randint(0, len(train_labels), (batch_size,), generator=g)
+        x = train_images[idx]
+        x = torch.where((torch.rand(batch_size, generator=g) < 0.5).view(-1, 1, 1, 1), x.flip(3), x)
+        step(*step.to_device(x, train_labels[idx]))
+        sched.step()
+    batches = zip(val_images.split(256), val_labels.split(256))
+    return evaluate(step, batches)
+
+
+def inference_setup(device: torch.device, images: torch.Tensor, dtype: torch.dtype | None, seed: int = 0):
+    """A seeded ResNet-18 for inference, the batch on the device, and its autocast (Used by: 05).
+
+    Returns ``(model, images, autocast)``: the model in eval mode and channels_last, and autocast
+    to ``dtype`` (your 03 precision choice), or off for float32 when ``dtype`` is None.
+    """
+    model = build_model(seed=seed).to(device).eval().to(memory_format=torch.channels_last)
+    images = images.to(device).contiguous(memory_format=torch.channels_last)
+    autocast = (torch.autocast(device.type, dtype=dtype) if dtype is not None
+                else contextlib.nullcontext())
+    return model, images, autocast
+
+
+@contextlib.contextmanager
+def exact_fp32():
+    """float32 matmuls and convolutions in full float32 on CUDA: TF32 off, then restored (Used by: 04, checks).
+
+    On Ampere and newer GPUs cuDNN convolutions run in TF32 by default (10-bit mantissa), so two
+    mathematically equal float32 computations, such as a checkpointed and a plain backward, can
+    differ by more than a float32 tolerance. Comparisons of gradients run inside this. Uses the
+    ``fp32_precision`` settings where torch has them (2.9+), else the ``allow_tf32`` flags; the
+    two must not be mixed. A no-op for CPU work.
+    """
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "fp32_precision"):
+        settings, exact = [(matmul, "fp32_precision"), (cudnn, "fp32_precision")], "ieee"
+    else:
+        settings, exact = [(matmul, "allow_tf32"), (cudnn, "allow_tf32")], False
+    saved = [getattr(owner, name) for owner, name in settings]
+    try:
+        for owner, name in settings:
+            setattr(owner, name, exact)
+        yield
+    finally:
+        for (owner, name), value in zip(settings, saved):
+            setattr(owner, name, value)

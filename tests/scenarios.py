@@ -111,7 +111,7 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
     if scenario == "monkeypatch":
         nbs = {n: plain[n] for n in ("02_data_loading", "04_checkpointing")}
         patch = (
-            "import labsupport, labsupport.checks, labsupport.grading, labsupport.measure\n"
+            "import labsupport, labsupport.grading, labsupport.measure\n"
             "from labsupport.grading import CheckResult\n\n\n"
             "def always_pass(check, measured, machine, **kwargs):\n"
             '    return CheckResult(check, 10.0, 1.0, "higher", machine["device_class"], "pass")\n\n\n'
@@ -119,7 +119,7 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
             "class FakeComparison:\n    speedup = Ten()\n\n\n"
             "labsupport.grading.judge = always_pass\n"
             "labsupport.measure.compare = lambda *args, **kwargs: FakeComparison()\n"
-            "labsupport.checks.run = lambda notebook, namespace, **kw: {}\n"
+            "labsupport.grading.run = lambda notebook, namespace, **kw: {}\n"
             "labsupport.check = lambda *args, **kwargs: None")
         _insert_after(nbs["02_data_loading"], "make_fast_loader", patch)
         _insert_after(nbs["04_checkpointing"], "accumulate_step", patch)
@@ -145,11 +145,47 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
             cell = _by_id(nb, grade_id)
             cell.source = cell.source.splitlines()[0] + "\npass  # trust me"
         return nbs
+    if scenario == "slow-loader":
+        # The reference with a correct but slower 02 loader: the same batches, each after a pause.
+        # Every later rung and 06's end-to-end check must use it (the student's own ladder).
+        nbs = ref
+        cell = _by_id(nbs["02_data_loading"], "make_fast_loader")
+        cell.source = ("import time\n\n" + cell.source.replace("def make_fast_loader(", "def _decode_once_loader(", 1)
+                       + "\n\n\ndef make_fast_loader(lab, split=\"train\", augment=True):\n"
+                       "    loader = _decode_once_loader(lab, split, augment)\n\n"
+                       "    class Slower:  # the same batches, each after a pause: correct, and slower\n"
+                       "        def __len__(self):\n            return len(loader)\n\n"
+                       "        def __iter__(self):\n            for batch in loader:\n"
+                       "                time.sleep(0.05)\n                yield batch\n\n"
+                       "    return Slower()\n")
+        return nbs
+    if scenario == "reuse":
+        # Graded functions answered by the lab's former reference implementations (they shipped in
+        # labsupport before the answers moved to the instructor's side) or by the instructor's own
+        # reference module: neither exists where students, or their graded kernels, can import it.
+        nbs = {n: ref[n] for n in ("02_data_loading", "03_amp", "04_checkpointing", "05_compile", "06_report")}
+        _by_id(nbs["02_data_loading"], "make_fast_loader").source = (
+            'def make_fast_loader(lab, split="train", augment=True):\n'
+            '    return ls.pipeline.FastLoader(lab.profile, split=split, augment=augment, device=lab.device)\n')
+        _by_id(nbs["03_amp"], "choose_precision").source = (
+            "import torch\n\n\ndef choose_precision(machine):\n"
+            "    dtype = ls.hardware.autocast_dtype(machine)\n"
+            '    return {"dtype": dtype and getattr(torch, dtype), "channels_last": dtype is not None}\n')
+        _by_id(nbs["04_checkpointing"], "checkpointed").source = (
+            "def checkpointed(model, segments):\n    return ls.train.CheckpointedResNet(model, segments)\n\n\n"
+            "SEGMENTS = 9\n")
+        _by_id(nbs["05_compile"], "compile_inference").source = (
+            "import torch\n\n\ndef compile_inference(model):\n"
+            "    from autograder import reference  # the instructor's side\n"
+            '    return reference.solutions("05").compile_inference(model)\n')
+        _by_id(nbs["06_report"], "assemble_ladder").source = (
+            "def assemble_ladder(frame):\n    return ls.report.ladder_from_frame(frame)\n")
+        return nbs
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
 SCENARIOS = ("reference", "unchanged", "hardcoded", "wrong-but-fast", "monkeypatch", "crash",
-             "infinite-loop", "tampered")
+             "infinite-loop", "tampered", "reuse", "slow-loader")
 
 
 def write(scenario: str, release_dir: Path, masters_dir: Path, folder: Path) -> list[Path]:
@@ -175,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from autograder import course
+    from autograder import course, release
 
     p = argparse.ArgumentParser(prog="python tests/scenarios.py", description=main.__doc__.split("\n\n")[0])
     p.add_argument("inbox", type=Path, help="where the per-student folders go (one per scenario)")
@@ -187,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.scenario) - set(SCENARIOS))
     if unknown:
         p.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(SCENARIOS)}")
-    release = course.generate(args.course)  # nbgrader generate_assignment: the release as students get it
+    release_dir = release.generate(args.course)  # nbgrader generate_assignment: the release as students get it
     for scenario in args.scenario:
-        written = write(scenario, release, course.masters_dir(args.course), args.inbox / scenario)
+        written = write(scenario, release_dir, course.masters_dir(args.course), args.inbox / scenario)
         print(f"{scenario:15s} {len(written)} notebook(s) in {args.inbox / scenario}")
     return 0
 

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from nbconvert.filters import strip_ansi
 
-from autograder import course
+from autograder import course, release, run
 
 MASTERS = course.masters()
 if not MASTERS:
@@ -31,7 +31,7 @@ def _student(master):
 
 
 def test_committed_notebooks_match_a_fresh_release():
-    diffs = course.student_version_differences(course.COURSE_ROOT, course.NOTEBOOKS_DIR)
+    diffs = release.student_version_differences(course.COURSE_ROOT, course.NOTEBOOKS_DIR)
     assert not diffs, (f"notebooks/ is not what generate_assignment makes of the masters; {RELEASE}."
                        "\n" + "\n".join(diffs))
 
@@ -93,16 +93,16 @@ def test_nbgrader_validate(kind, master, validate_dirs, tiny_data, monkeypatch):
         monkeypatch.setenv("LAB_PROFILE", "tiny")
         monkeypatch.setenv("LAB_DATA", str(tiny_data))  # a few images per class: the tiny scale
     started = time.perf_counter()
-    findings = course.validate(notebook, invert=(kind == "student"))
+    findings = release.validate(notebook, invert=(kind == "student"))
     print(f"{kind} {master.name}: validated in {time.perf_counter() - started:.0f} s")
     if findings and kind == "master":
-        from labsupport.hardware import describe_machine
-
-        machine = describe_machine()
+        # A speed or memory bar the reference misses at this machine's class defaults is what
+        # `calibrate` is for, not a broken master: reported, as `make run` reports it.
         tolerated = [c for c in findings.get("failed", [])
-                     if course.known_shortfall(c["source"], machine)]
+                     if run.bar_check(_assertion(c["raw_error"]))]
         for cell in tolerated:
-            warnings.warn(f"known shortfall in {master.name}: {strip_ansi(cell['raw_error']).strip().splitlines()[-1]}")
+            warnings.warn(f"reference misses a class-default bar in {master.name} (calibrate sets this "
+                          f"machine's): {_assertion(cell['raw_error'])}")
         findings["failed"] = [c for c in findings.get("failed", []) if c not in tolerated]
         if not findings["failed"]:
             del findings["failed"]
@@ -119,12 +119,22 @@ def test_nbgrader_validate(kind, master, validate_dirs, tiny_data, monkeypatch):
                     f"'type_changed': {RELEASE}.\n\n{details}", pytrace=False)
 
 
-def test_known_shortfalls_apply_to_their_machines_only():
-    from types import SimpleNamespace
+def _assertion(raw_error: str) -> str:
+    """The message of the AssertionError at the end of a cell's traceback ("" if none)."""
+    lines = strip_ansi(raw_error).strip().splitlines()
+    last = lines[-1] if lines else ""
+    return last.removeprefix("AssertionError: ") if last.startswith("AssertionError") else ""
 
-    cell = '"""Check that compiled inference ..."""\ngraded["05-compile-speedup"].require()'
-    avx512 = SimpleNamespace(device_class="cpu-bf16", cpu_bf16_units="avx512_bf16")
-    amx = SimpleNamespace(device_class="cpu-bf16", cpu_bf16_units="amx")
-    assert course.known_shortfall(cell, avx512) == "05-compile-speedup"
-    assert course.known_shortfall(cell, amx) is None
-    assert course.known_shortfall('graded["06-end-to-end"].require()', amx) == "06-end-to-end"
+
+def test_only_a_missed_speed_or_memory_bar_counts_as_information():
+    """make run and master validation let a missed bar through (calibrate fixes the bar per machine);
+    a failed correctness partner, a missing stage or a count never passes as one."""
+    miss = "04-time-overhead failed on cpu: measured 0.419, needs <= 0.4. 400 ms vs 280 ms"
+    assert run.bar_check(miss) == "04-time-overhead"
+    assert run.bar_check("06-end-to-end failed on cpu-bf16: measured 1.8, needs >= 2. x") == "06-end-to-end"
+    assert run.bar_check("03-amp-speedup failed on cpu-bf16: measured 2.1, needs >= 1.3. "
+                            "correctness check failed: first-step loss 9.1, fp32 gives 2.3") is None
+    assert run.bar_check("05-compile-speedup failed on cpu: measured 1.2, needs >= 1.25. "
+                            "not optimised: torch.compile captured no graph") is None
+    assert run.bar_check("06-stages failed on cpu: measured 4, needs >= 5. 04-memory missing") is None
+    assert run.bar_check("04-grad-match failed on cpu: measured 0. gradients #3 differ") is None

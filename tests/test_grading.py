@@ -128,8 +128,25 @@ def test_step_trains_catches_fp16_without_a_scaler_writing_nan():
     x, y = _batches(1)[0]
     # Large inputs overflow fp16 activations and gradients; with no GradScaler to skip those
     # steps, SGD writes inf/NaN into the weights.
-    step = TrainStep(_small_net(), StepConfig(amp_dtype="float16", lr=10.0), "cpu")
+    def no_scaler(net, optimizer, scaler, images, labels, dtype):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype):
+            loss = nn.functional.cross_entropy(net(images), labels)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    def with_scaler(net, optimizer, scaler, images, labels, dtype):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype):
+            loss = nn.functional.cross_entropy(net(images), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss.detach()
+
+    step = TrainStep(_small_net(), StepConfig(amp_dtype="float16", lr=10.0), "cpu", update=no_scaler)
     ok, why = grading.step_trains(step, x * 1e4, y)
     assert not ok and ("inf/NaN" in why or "non-finite loss" in why), why
-    scaled = TrainStep(_small_net(), StepConfig(amp_dtype="float16", grad_scaler=True), "cpu")
+    scaled = TrainStep(_small_net(), StepConfig(amp_dtype="float16"), "cpu", update=with_scaler)
     assert grading.step_trains(scaled, x * 1e2, y, steps=20) == (True, "")

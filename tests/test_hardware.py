@@ -38,16 +38,14 @@ def test_onednn_isa_cap_hides_bf16_units(monkeypatch):
     assert cpu_bf16_units(amx) == "none"
 
 
-@pytest.mark.parametrize("device, bf16, expected", [
-    ("cuda", True, "float16"), ("mps", False, "float16"), ("cpu", True, "bfloat16"), ("cpu", False, None)])
-def test_the_lab_trains_in_16_bits_only_where_it_is_fast(device, bf16, expected):
-    machine = hardware.describe_machine(torch.device("cpu"))
-    machine = hardware.dataclasses.replace(machine, device=device, bf16=bf16)
-    assert hardware.autocast_dtype(machine) == expected
-    from labsupport.report import optimised_config
-    config = optimised_config(machine)
-    assert config.amp_dtype == expected and config.channels_last == (expected is not None)
-    assert config.grad_scaler == (expected == "float16") and config.compiled == (device == "cuda")
+def test_every_device_class_has_one_row_in_the_table():
+    """One table per device class: profile and grading cell limit. The 16-bit type, the scaler and
+    whether to compile training are not in it: choosing them is what 03 and 05 teach."""
+    assert hardware.DEVICE_CLASSES == tuple(hardware.CLASSES)
+    for name, cls in hardware.CLASSES.items():
+        assert cls.name == name and cls.profile is hardware.PROFILES[name] and cls.profile.grades_speed
+        assert 60 <= cls.cell_timeout_s <= 900
+    assert not hasattr(hardware, "autocast_dtype"), "03's answer must not ship in labsupport"
 
 
 def test_this_machine_is_classified_from_its_cpu_flags(monkeypatch):

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 import scenarios
-from autograder import calibrate, collect, course, grade, reports
-from labsupport import checks
+from autograder import calibrate, collect, course, grade, release, reports
+from labsupport import grading
 from labsupport.hardware import describe_machine
 
 POINTS = {  # grade id -> points, read from the masters (asserted against them below)
@@ -57,11 +57,23 @@ LOSES = {
     # the interrupted cell never defined measure_throughput: both checks that call it fail.
     "infinite-loop": {"01_profile": {"test_throughput", "test_throughput_sync"}},
     "tampered": {"02_data_loading": set(POINTS["02_data_loading"])},
+    # answers reused from where they used to ship (labsupport) or from the instructor's reference:
+    # gone from the one, unreachable from the other, so every check calling them fails. 03's scaler
+    # check and 04's accumulation call only the scenario's own (reference) code and pass; 06's
+    # stages fail too, since 01 was not submitted.
+    # correct but slower: speed is not graded at the tiny profile, so it keeps every point here
+    # (test_the_ladder_is_the_students_own shows the slower loader in its ladder instead).
+    "slow-loader": {},
+    "reuse": {"02_data_loading": set(POINTS["02_data_loading"]),
+              "03_amp": {"test_accuracy", "test_amp_speedup", "test_activation_memory"},
+              "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"},
+              "05_compile": set(POINTS["05_compile"]), "06_report": set(POINTS["06_report"])},
 }
 SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
            "wrong-but-fast": {"02_data_loading", "03_amp", "04_checkpointing"},
            "monkeypatch": {"02_data_loading", "04_checkpointing"}, "crash": {"01_profile"},
-           "infinite-loop": {"01_profile"}, "tampered": {"02_data_loading"}}
+           "infinite-loop": {"01_profile"}, "tampered": {"02_data_loading"},
+           "reuse": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile", "06_report"}}
 LOOP_TIMEOUT_S = 25  # the per-cell limit for the batch with the infinite loop
 
 
@@ -81,11 +93,11 @@ def graded(tmp_path_factory, tiny_data):
     shutil.copyfile(course.COURSE_ROOT / course.CONFIG_NAME, root / course.CONFIG_NAME)
     shutil.copytree(course.source_dir(), root / "source",
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    release = course.generate(root)
+    release_dir = release.generate(root)
     inbox = tmp / "inbox"
     for scenario in scenarios.SCENARIOS:
         folder = inbox / scenario / "lab"
-        scenarios.write(scenario, release, root / "source" / "lab", folder)
+        scenarios.write(scenario, release_dir, root / "source" / "lab", folder)
         if scenario in ("reference", "tampered"):  # these arrive as zips, as from an LMS
             with zipfile.ZipFile(inbox / f"{scenario}.zip", "w") as archive:
                 for path in folder.glob("*.ipynb"):
@@ -163,6 +175,27 @@ def test_reference_gets_full_marks_on_every_check(graded):
     analysis = scores[scores.cell == "analysis"].set_index("student")
     assert analysis.loc["reference", "needs_manual_grade"]
     assert not analysis.loc["unchanged", "needs_manual_grade"] and analysis.loc["unchanged", "score"] == 0
+
+
+def test_the_ladder_is_the_students_own(graded):
+    """Two submissions that differ only in their 02 loader (both correct, one slower) get different
+    ladders and different end-to-end figures: every rung from 02 on, and 06's re-measured pipeline,
+    run the student's own loader, carried forward from 02 as its checks measured it."""
+    import json
+
+    from labsupport import report
+
+    results = graded["root"] / "results"
+    rate = {who: {stage: json.loads((results / who / f"{stage}.json").read_text())["metrics"]["samples_per_s"]
+                  for stage, _ in report.RUNGS} for who in ("reference", "slow-loader")}
+    end_to_end = {who: next(float(row["measured"]) for row in json.loads((results / who / "checks" / "06.json").read_text())
+                            if row["check"] == "06-end-to-end") for who in ("reference", "slow-loader")}
+    print("samples/s per rung:", rate, "end-to-end speedup:", end_to_end)
+    assert "time.sleep(0.05)" in (results / "slow-loader" / "code" / "02.py").read_text()
+    for stage in ("02-data", "03-amp", "04-memory", "05-compile"):
+        assert rate["slow-loader"][stage] < 0.9 * rate["reference"][stage], (stage, rate)
+    assert rate["slow-loader"]["01-baseline"] > 0.5 * rate["reference"]["01-baseline"]  # same naive baseline
+    assert end_to_end["slow-loader"] < 0.9 * end_to_end["reference"], end_to_end
 
 
 def test_every_notebook_of_every_submission_has_feedback(graded):
@@ -243,11 +276,11 @@ def test_calibration_file_is_written_and_used_by_grading(tmp_path, monkeypatch, 
     assert table.loc["02-loader-speedup", "runs"] == 1
     monkeypatch.setenv("LAB_CALIBRATION", str(path))
     machine = describe_machine().as_dict()
-    threshold, _, why = checks.grading.threshold_for("02-loader-speedup", machine)
+    threshold, _, why = grading.threshold_for("02-loader-speedup", machine)
     calibrated = table.loc["02-loader-speedup", "calibrated"]
     assert (threshold is None and calibrated == "n/a" and why) or threshold == pytest.approx(calibrated)
     other = dict(machine, device_name="another machine")
-    assert checks.grading.threshold_for("02-loader-speedup", other)[0] == 3.0  # class default elsewhere
+    assert grading.threshold_for("02-loader-speedup", other)[0] == 3.0  # class default elsewhere
 
 
 # --- the real profile: what hardcoded answers gain on speed ----------------------------------------
@@ -270,21 +303,24 @@ def test_hardcoded_answers_fail_the_speed_checks_at_the_real_profile(monkeypatch
                            f'device_name = "{machine["device_name"]}"\n'
                            '[thresholds]\n"05-compile-speedup" = "n/a"\n')
     monkeypatch.setenv("LAB_CALIBRATION", str(calibration))
+    from autograder import reference
+
+    reference.keep_all()  # 05 infers in 03's precision: the reference's, carried forward
     release = {p.stem: nbformat.read(p, as_version=4) for p in sorted(course.NOTEBOOKS_DIR.glob("*.ipynb"))}
     masters = {p.stem: nbformat.read(p, as_version=4) for p in course.masters()}
     cheat = scenarios.build("hardcoded", release, masters)
     speed = {"02": ("02-loader-speedup", "02-data-wait-share"), "03": ("03-amp-speedup",),
              "05": ("05-compile-speedup",)}
     for notebook, ids in speed.items():
-        if notebook == "03" and checks.grading.threshold_for("03-amp-speedup", machine)[0] is None:
+        if notebook == "03" and grading.threshold_for("03-amp-speedup", machine)[0] is None:
             print(f"03-amp-speedup not graded on {machine['device_class']}, where fp32 is the lab's choice")
             continue
-        namespace = calibrate.reference_namespace(notebook)  # ls, torch, lab, ... then the cheat's cells
+        namespace = reference.namespace(notebook)  # ls, torch, lab, ... then the cheat's cells
         cells = [c for c in next(nb for name, nb in cheat.items() if name.startswith(notebook)).cells
                  if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
         for cell in cells:
             exec(compile(cell.source, f"hardcoded {notebook}", "exec"), namespace)
-        found = checks.run(notebook, namespace, only=ids)
+        found = grading.run(notebook, namespace, only=ids, keep=False)
         for check in ids:
             result = found[check]
             assert result.status == "fail" and not result.note.startswith("correctness"), (check, result)

@@ -27,15 +27,21 @@ def test_batch_augment_gives_normalised_images_of_the_right_size_reproducibly(ti
     assert not torch.equal(one, other)
 
 
-def test_fast_loader_sees_every_sample_once_per_epoch(tiny_data, tiny):
-    loader = pipeline.FastLoader(tiny, root=tiny_data, progress=False)
+def test_the_reference_loader_sees_every_sample_once_per_epoch(tiny_data, tiny, monkeypatch):
+    """02's reference make_fast_loader (the master's solution) on the lab's parts: shuffled epochs."""
+    from autograder import reference
+    from labsupport.hardware import Lab, describe_machine
+
+    monkeypatch.setenv("LAB_DATA", str(tiny_data))
+    lab = Lab(torch.device("cpu"), describe_machine(torch.device("cpu")), tiny, seed=0)
+    loader = reference.solutions("02").make_fast_loader(lab)
     first = torch.cat([y for _, y in loader])
     second = torch.cat([y for _, y in loader])
     assert len(loader.labels) % tiny.batch_size == 0, "the tiny set divides into whole batches"
     assert len(first) == len(loader) * tiny.batch_size == len(loader.labels)
     assert not torch.equal(first, second), "each epoch is shuffled anew"
     assert torch.bincount(first, minlength=10).tolist() == torch.bincount(loader.labels, minlength=10).tolist()
-
+    assert not hasattr(pipeline, "FastLoader"), "02's answer must not ship in labsupport"
 
 
 def test_decode_once_collects_stale_loader_iterators_before_its_workers_fork(tiny_data):

@@ -1,13 +1,22 @@
 """The report of notebook 06: the ladder from the results store (missing and foreign stages named,
 never raised), and the exported HTML, rendered in a real headless browser (Debian's chromium)."""
 
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from labsupport import report, results
+
+
+def _assemble():
+    """The reference's assemble_ladder (06's master): the report shows whatever table it is given."""
+    from autograder import reference
+
+    return reference.solutions("06").assemble_ladder
 
 MACHINE = {"device_class": "cpu-bf16", "device_name": "Test CPU"}
 RATES = {"01-baseline": 40.0, "02-data": 44.0, "03-amp": 70.0, "04-memory": 72.0, "05-compile": 66.0}
@@ -23,17 +32,19 @@ def _record(folder, stages, machine=MACHINE):
 
 def test_ladder_orders_rungs_and_computes_speedups(tmp_path):
     _record(tmp_path, RATES)
-    lad = report.ladder(tmp_path)
+    lad = report.ladder(tmp_path, assemble=_assemble())
     assert list(lad.table.index) == [label for _, label in report.RUNGS] and not lad.missing
     assert lad.table["speedup (cumulative)"].round(3).tolist() == [1.0, 1.1, 1.75, 1.8, 1.65]
     assert lad.table["speedup (this rung)"].iloc[2] == pytest.approx(70 / 44)
+    # +compile builds on +AMP (compile cannot trace 04's checkpointing), not on the row above it
+    assert lad.table["speedup (this rung)"].iloc[4] == pytest.approx(66 / 70)
     assert lad.table["accuracy %"].iloc[2] == pytest.approx(95.0)
 
 
 def test_missing_and_foreign_stages_are_listed_with_the_notebook_to_run(tmp_path):
     _record(tmp_path, ["01-baseline", "02-data"])
     _record(tmp_path, ["03-amp"], machine={"device_class": "cuda-tensorcore", "device_name": "A GPU"})
-    lad = report.ladder(tmp_path)
+    lad = report.ladder(tmp_path, assemble=_assemble())
     assert len(lad.table) == 2
     text = "\n".join(lad.missing)
     assert "03-amp" in text and "not on this machine" in text and "03_amp.ipynb" in text
@@ -41,32 +52,67 @@ def test_missing_and_foreign_stages_are_listed_with_the_notebook_to_run(tmp_path
 
 
 def test_empty_store_gives_a_report_not_a_stack_trace(tmp_path):
-    page = report.export_html(tmp_path / "r.html", tmp_path / "nothing").read_text()
+    page = report.export_html(tmp_path / "r.html", report.ladder(tmp_path / "nothing", assemble=_assemble())).read_text()
     assert "No stage has been recorded yet" in page and "01_profile.ipynb" in page
 
 
 chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+SECTIONS = ("machine", "ladder", "rungs", "plots", "case-study", "checks", "analysis")
+
+
+def _full_report(tmp_path):
+    """A report of every rung with phases, spread, checks and an analysis, as 06 exports it."""
+    from labsupport import grading
+
+    folder = tmp_path / "results"
+    for stage in RATES:
+        metrics = {"samples_per_s": RATES[stage], "median_ms": 32_000 / RATES[stage], "iqr_ms": 40.0,
+                   "peak_bytes": 200 * 2**20, "phases_ms": {"data wait": 20.0, "host to device": 1.0,
+                                                              "forward": 250.0, "backward": 400.0, "optimizer": 30.0}}
+        if stage == "03-amp":
+            metrics["accuracy"] = 0.95
+        results.record(stage, metrics, machine=MACHINE, profile={"batch_size": 32}, directory=folder)
+    checks = grading.table([grading.CheckResult("02-loader-speedup", 5.1, 3.0, "higher", "cpu", "pass")])
+    lad = report.ladder(folder, assemble=_assemble())
+    return report.export_html(tmp_path / "report.html", lad, checks=checks,
+                              analysis="Mixed precision paid most: 1.75x.")
+
+
+def test_report_has_every_section_and_no_network_reference(tmp_path):
+    html = _full_report(tmp_path).read_text()
+    for section in SECTIONS:
+        assert f'id="{section}"' in html, f"the report lacks its {section} section"
+    assert "http://" not in html and "https://" not in html, "the report must not need the network"
+    assert "Mixed precision paid most" in html and "published speedup" in html
+    assert html.count('src="data:image/png;base64,') == 4  # ladder, breakdown, memory, case study
 
 
 @pytest.mark.skipif(chromium is None, reason="needs Debian's chromium (make test installs it when it can: "
                                               "apt-get install chromium)")
-def test_html_report_renders_in_headless_chromium(tmp_path):
-    _record(tmp_path / "results", RATES)
-    page = report.export_html(tmp_path / "report.html", tmp_path / "results")
-    html = page.read_text()
-    assert "http://" not in html and "https://" not in html, "the report must not need the network"
+@pytest.mark.parametrize("width", [1280, 390], ids=["desktop", "phone"])
+def test_html_report_renders_in_headless_chromium(tmp_path, width):
+    """The page renders offline (every host name unresolvable) at a desktop and a phone width, with
+    every section in the DOM and the embedded plots drawn in the screenshot."""
+    page = _full_report(tmp_path)
     base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            "--user-data-dir=" + str(tmp_path / "profile")]
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--user-data-dir=" + str(tmp_path / "profile"), f"--window-size={width},4200"]
     dom = subprocess.run(base + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert 'class="dataframe ladder"' in dom.stdout and dom.stdout.count("<img") == 2
+    assert 'class="dataframe ladder"' in dom.stdout and dom.stdout.count("<img") == 4
+    assert all(f'id="{section}"' in dom.stdout for section in SECTIONS)
     assert "+compile" in dom.stdout and "1.65" in dom.stdout
-    shot = tmp_path / "report.png"
-    run = subprocess.run(base + [f"--screenshot={shot}", "--window-size=1100,2200", page.as_uri()],
-                         capture_output=True, text=True, timeout=120)
+    shot = tmp_path / f"report-{width}.png"
+    run = subprocess.run(base + [f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
     pixels = Image.open(shot).convert("RGB")
+    print(f"screenshot at {width} px: {pixels.size[0]}x{pixels.size[1]}, {shot.stat().st_size / 1024:.0f} KiB")
     colours = pixels.getcolors(maxcolors=1 << 20)
     bar = (0x4C, 0x72, 0xB0)  # the ladder's bar colour: present only if the embedded PNG rendered
     near = sum(count for count, (r, g, b) in colours if abs(r - bar[0]) + abs(g - bar[1]) + abs(b - bar[2]) < 30)
     assert near > 500, f"the ladder plot did not render (only {near} pixels in its bar colour); see {shot}"
+    keep = Path(os.environ.get("LAB_SCREENSHOTS", "")) if os.environ.get("LAB_SCREENSHOTS") else None
+    if keep:  # for looking at: LAB_SCREENSHOTS=build/screens make test
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, keep / shot.name)

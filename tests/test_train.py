@@ -1,5 +1,5 @@
-"""The naive pipeline and the training-step builder run for every knob available on CPU, and the
-knobs that promise the same update (checkpointing, accumulation) really give it."""
+"""The naive pipeline and the training-step harness: its fp32 baseline, and a student's update and
+network (the masters' reference solutions stand in) plugged into it, on CPU."""
 
 import copy
 
@@ -42,22 +42,33 @@ def test_baseline_pipeline_step_and_breakdown(tiny_data, tiny):
     assert all(len(v) == 2 and min(v) > 0 for v in phases.values()), phases
 
 
-KNOBS = {
-    "fp32": StepConfig(),
-    "bf16": StepConfig(amp_dtype="bfloat16"),
-    "bf16+channels_last": StepConfig(amp_dtype="bfloat16", channels_last=True),
-    "checkpoint-1": StepConfig(checkpoint_segments=1),
-    "checkpoint-4": StepConfig(checkpoint_segments=4),
-    "checkpoint-9": StepConfig(checkpoint_segments=9),
-    "accumulate-3": StepConfig(accumulation_steps=3),
-    "everything-but-compile": StepConfig(amp_dtype="bfloat16", channels_last=True,
-                                         checkpoint_segments=2, accumulation_steps=2),
-}
+def _reference(notebook):
+    from autograder import reference
+
+    return reference.solutions(notebook)
 
 
-@pytest.mark.parametrize("name", KNOBS)
+def _knobs():
+    """Step builders: the lab's fp32 harness alone, and with the reference's own update and wrapper
+    plugged in (the masters' solutions: the harness must run a student's code as it is)."""
+    amp, ckpt = _reference("03").amp_train_step, _reference("04").checkpointed
+    return {
+        "fp32": dict(config=StepConfig()),
+        "bf16": dict(config=StepConfig(amp_dtype="bfloat16"), update=amp),
+        "bf16+channels_last": dict(config=StepConfig(amp_dtype=torch.bfloat16, channels_last=True), update=amp),
+        "checkpoint-1": dict(config=StepConfig(checkpoint_segments=1), wrap=lambda m: ckpt(m, 1)),
+        "checkpoint-9": dict(config=StepConfig(checkpoint_segments=9), wrap=lambda m: ckpt(m, 9)),
+        "everything-but-compile": dict(config=StepConfig(amp_dtype="bfloat16", channels_last=True,
+                                                         checkpoint_segments=2),
+                                       update=amp, wrap=lambda m: ckpt(m, 2)),
+    }
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16", "bf16+channels_last", "checkpoint-1", "checkpoint-9",
+                                  "everything-but-compile"])
 def test_every_knob_trains(name):
-    step = make_step(KNOBS[name], "cpu")
+    knob = _knobs()[name]
+    step = make_step(knob.pop("config"), "cpu", **knob)
     before = copy.deepcopy(step.model.state_dict())
     images, labels = _batch()
     losses = [step(*step.to_device(images, labels)) for _ in range(2)]
@@ -67,7 +78,7 @@ def test_every_knob_trains(name):
     assert "fc.weight" in changed and "conv1.weight" in changed, f"{name}: parameters did not move"
 
 
-def test_fp16_with_grad_scaler_skips_overflowing_steps_then_trains():
+def test_fp16_step_gets_an_enabled_scaler_that_skips_overflowing_steps():
     # fp16 autocast runs on CPU but through slow reference kernels (about 7 s per ResNet-18 step
     # at 32 px, batch 8, here), so this uses a small net. Inputs of magnitude ~100 make the
     # scaled fp16 gradients (x 2**16 at first) overflow: those steps must be skipped, with the
@@ -75,7 +86,8 @@ def test_fp16_with_grad_scaler_skips_overflowing_steps_then_trains():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                         nn.Linear(8, 10))
-    step = TrainStep(net, StepConfig(amp_dtype="float16", grad_scaler=True), "cpu")
+    step = TrainStep(net, StepConfig(amp_dtype="float16"), "cpu", update=_reference("03").amp_train_step)
+    assert step.scaler.is_enabled() and not make_step(StepConfig(), "cpu").scaler.is_enabled()
     images, labels = _batch()
     images = images * 100
     start = step.scaler.get_scale()
@@ -86,6 +98,16 @@ def test_fp16_with_grad_scaler_skips_overflowing_steps_then_trains():
     assert step.scaler.get_scale() < start, "the scale never backed off: no overflow was seen"
     assert not torch.equal(weights[-1], weights[0]), "no step was ever applied"
     assert all(torch.isfinite(w).all() for w in weights), "an inf/NaN update was applied"
+
+
+def test_a_students_update_is_broken_into_phases_by_hooks(tiny_data, tiny):
+    """Hooks stamp forward, backward and optimizer inside a student's update; none are left behind."""
+    batches = pipeline.forever(pipeline.naive_loader(tiny, root=tiny_data))
+    step = make_step(StepConfig(amp_dtype="bfloat16"), "cpu", update=_reference("03").amp_train_step)
+    phases = train.phase_breakdown(batches, step, steps=2, warmup=0)
+    assert list(phases) == list(train.PHASES)
+    assert all(len(v) == 2 and min(v) > 0 for v in phases.values()), phases
+    assert not step.net._forward_hooks and not step.net._forward_pre_hooks
 
 
 @pytest.mark.slow
@@ -99,41 +121,24 @@ def test_compiled_step_trains_and_matches_eager():
         torch.testing.assert_close(pc, pe, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
-def test_checkpointing_gives_the_same_gradients_and_batchnorm_stats():
+def test_a_wrapped_network_trains_the_models_parameters():
+    """``wrap`` (04's checkpointed network) is what forward calls; the optimizer updates the model."""
     images, labels = _batch(n=4)
-    plain, ckpt = make_step(StepConfig(), "cpu"), make_step(StepConfig(checkpoint_segments=3), "cpu")
+    ckpt = _reference("04").checkpointed
+    plain = make_step(StepConfig(), "cpu")
+    wrapped = make_step(StepConfig(checkpoint_segments=3), "cpu", wrap=lambda m: ckpt(m, 3))
+    assert wrapped.net is not wrapped.model
     plain(images, labels)
-    ckpt(images, labels)
-    for (name, a), b in zip(plain.model.named_parameters(), ckpt.model.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"gradient of {name} differs: {m}")
-    # Recomputation must not update BatchNorm running statistics a second time.
-    for (name, a), b in zip(plain.model.named_buffers(), ckpt.model.buffers()):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"buffer {name} differs: {m}")
-
-
-def test_accumulation_gives_the_large_batch_update():
-    # No BatchNorm here: with it, micro-batches see other batch statistics, so the update
-    # legitimately differs (notebook 04 covers that case).
-    def net():
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                             nn.Flatten(), nn.Linear(8, 10))
-
-    images, labels = _batch(n=10)
-    big = TrainStep(net(), StepConfig(), "cpu")
-    acc = TrainStep(net(), StepConfig(accumulation_steps=3), "cpu")  # uneven: 4 + 3 + 3
-    torch.testing.assert_close(acc(images, labels), big(images, labels), rtol=1e-5, atol=1e-6)
-    for a, b in zip(big.model.parameters(), acc.model.parameters()):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    wrapped(images, labels)
+    for (name, a), b in zip(plain.model.named_parameters(), wrapped.model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name} differs: {m}")
 
 
 def test_bad_knobs_are_clear_errors():
     with pytest.raises(ValueError, match="amp_dtype"):
         StepConfig(amp_dtype="fp8")
-    with pytest.raises(ValueError, match="choose 1 to 9"):
-        make_step(StepConfig(checkpoint_segments=12), "cpu")
+    with pytest.raises(ValueError, match="amp_train_step"):
+        make_step(StepConfig(amp_dtype="bfloat16"), "cpu")  # the lab's own step is float32 only
 
 
 def test_evaluate_returns_accuracy(tiny_data, tiny):
@@ -141,3 +146,16 @@ def test_evaluate_returns_accuracy(tiny_data, tiny):
     acc = train.evaluate(step, pipeline.naive_loader(tiny, root=tiny_data, split="val",
                                                      augment=False))
     assert 0.0 <= acc <= 1.0
+
+
+def test_exact_fp32_turns_tf32_off_and_restores_the_settings():
+    """Gradient comparisons run without TF32 (on by default for cuDNN convolutions on Ampere+)."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    names = ("fp32_precision",) if hasattr(matmul, "fp32_precision") else ("allow_tf32",)
+    before = [getattr(o, n) for o in (matmul, cudnn) for n in names]
+    with train.exact_fp32():
+        inside = [getattr(o, n) for o in (matmul, cudnn) for n in names]
+        if hasattr(cudnn, "conv") and hasattr(cudnn.conv, "fp32_precision"):
+            assert cudnn.conv.fp32_precision == "ieee"
+    assert all(v in ("ieee", False) for v in inside), inside
+    assert [getattr(o, n) for o in (matmul, cudnn) for n in names] == before

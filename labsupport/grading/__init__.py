@@ -1,5 +1,10 @@
 """Graded checks: measure the student's code against the baseline, in this process, now.
 
+One module per notebook holds its checks (``g01_profile.py`` ... ``g06_report.py``, named after the
+notebook's file); :mod:`.partners` holds the correctness partners they share. This module is the
+core: thresholds and calibration, verdicts (:func:`judge`), the private labsupport copy graded
+checks measure with (:func:`fresh`), and :func:`run`, which runs a notebook's checks.
+
 The grading contract (``../shared/design.md``) in code:
 
 - A check never reads a number the student typed, printed or saved: it calls the student's
@@ -12,11 +17,13 @@ The grading contract (``../shared/design.md``) in code:
 - A check that cannot apply on this device class says ``n/a`` and why.
 
 Every check returns a :class:`CheckResult`; :func:`table` shows them the way the self-check
-prints them (check, measured, threshold, pass/fail).
+prints them (check, measured, threshold, pass/fail). A notebook's graded cells run
+``labsupport.grading.fresh().grading.run("02", globals())``.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import itertools
 import os
@@ -25,11 +32,14 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 import pandas as pd
-import torch
 
-_CHECKOUT = Path(__file__).resolve().parent.parent
+from .. import carry, hardware, notebooks, pipeline
+
+_PACKAGE = Path(__file__).resolve().parent.parent  # labsupport/
+_CHECKOUT = _PACKAGE.parent  # the instructor's checkout (its autograder/ holds the calibration)
 _fresh_ids = itertools.count()
 
 
@@ -66,8 +76,8 @@ class CheckResult:
 
 
 def thresholds_path() -> Path:
-    """``LAB_THRESHOLDS``, else ``autograder/thresholds.toml`` in the lab's checkout."""
-    return Path(os.environ.get("LAB_THRESHOLDS", _CHECKOUT / "autograder" / "thresholds.toml"))
+    """``LAB_THRESHOLDS``, else the class defaults shipped with labsupport (``thresholds.toml``)."""
+    return Path(os.environ.get("LAB_THRESHOLDS", _PACKAGE / "thresholds.toml"))
 
 
 def calibration_path() -> Path:
@@ -79,8 +89,8 @@ def _read_toml(path: Path, what: str) -> dict:
     try:
         return tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise GradingSetupError(f"The {what} file {path} does not exist. Run from a checkout of "
-                                "the lab, or set LAB_THRESHOLDS to its thresholds.toml.") from None
+        raise GradingSetupError(f"The {what} file {path} does not exist. Reinstall labsupport, "
+                                "or set LAB_THRESHOLDS to a thresholds.toml.") from None
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise GradingSetupError(f"The {what} file {path} is not valid TOML ({err}).") from None
 
@@ -153,7 +163,7 @@ def fresh() -> ModuleType:
     (``ls.measure.compare = ...``) cannot change what is measured.
     """
     name = f"_labsupport_graded_{next(_fresh_ids)}"
-    package_dir = Path(__file__).resolve().parent
+    package_dir = _PACKAGE
     spec = importlib.util.spec_from_file_location(
         name, package_dir / "__init__.py", submodule_search_locations=[str(package_dir)])
     module = importlib.util.module_from_spec(spec)
@@ -169,7 +179,7 @@ def check(notebook: str, namespace: dict) -> pd.DataFrame:
     button is absent). It measures with a fresh copy of labsupport and returns the table:
     check, measured, threshold, result, note. Used by: the last section of 01-06.
     """
-    results = fresh().checks.run(notebook, namespace)
+    results = fresh().grading.run(notebook, namespace)
     return table(list(results.values()))
 
 
@@ -188,64 +198,145 @@ def table(results) -> pd.DataFrame:
     })
 
 
-# Correctness partners: each returns (ok, why-not) so a check can report what to fix.
+class StudentCodeError(RuntimeError):
+    """The student's function is missing or broke its contract; the message says what to fix."""
 
-def same_batches(reference, candidate, max_batches: int | None = None) -> tuple[bool, str]:
-    """True if two loaders yield identical images and labels, batch for batch (augmentation off).
 
-    Used by: the 02 loader check (a fast loader must deliver the naive loader's data).
+_CHECKS: dict[str, list[tuple[tuple[str, ...], Callable]]] = {}
+
+
+def register(*ids: str):
+    """Register a check function producing the results ``ids`` for the notebook of ``ids[0]``."""
+    def add(fn):
+        _CHECKS.setdefault(notebooks.of(ids[0]).number, []).append((ids, fn))
+        return fn
+    return add
+
+
+def module_name(number: str) -> str:
+    """The module of notebook ``number``'s checks: ``g`` + its file's stem (``g02_data_loading``)."""
+    return "g" + Path(notebooks.get(number).file).stem
+
+
+def student(namespace: dict, name: str, number: str) -> Callable:
+    """The student's function ``name`` from the notebook's namespace, or a StudentCodeError."""
+    fn = namespace.get(name)
+    if not callable(fn):
+        raise StudentCodeError(f"`{name}` is not defined: write it in notebook {number}'s solution "
+                               "cell and run that cell before the checks.")
+    return fn
+
+
+def carried(number: str, lab) -> object:
+    """Notebook ``number``'s graded functions as its checks last measured them (:mod:`labsupport.carry`).
+
+    A StudentCodeError names the notebook to run when they are missing.
     """
-    ref_it, cand_it = iter(reference), iter(candidate)
-    for i in itertools.count():
-        if max_batches is not None and i >= max_batches:
-            return True, ""
-        ref, cand = next(ref_it, None), next(cand_it, None)
-        if ref is None or cand is None:
-            if ref is cand:
-                return True, ""
-            return False, (f"your loader {'ended' if cand is None else 'went on'} at batch {i}, "
-                           f"where the naive loader {'went on' if cand is None else 'ended'}")
-        (ref_x, ref_y), (cand_x, cand_y) = ref, cand
-        cand_x = cand_x.to("cpu", torch.float32).contiguous()
-        if cand_x.shape != ref_x.shape or not torch.equal(cand_y.cpu(), ref_y):
-            return False, (f"batch {i}: images {tuple(cand_x.shape)} / labels differ from the "
-                           f"naive loader's {tuple(ref_x.shape)}")
-        err = (cand_x - ref_x).abs().max().item()
-        if err > 1e-5:
-            return False, f"batch {i}: pixel values differ from the naive loader's by up to {err:.3g}"
+    try:
+        return carry.load(number, lab=lab)
+    except carry.CarryError as err:
+        raise StudentCodeError(str(err)) from None
 
 
-def same_epoch_labels(expected, seen, batch_size: int) -> tuple[bool, str]:
-    """True if one epoch saw every sample's label once, up to a dropped last partial batch.
+def grading_lab() -> hardware.Lab:
+    """This machine's device, description and profile, as the checks see them (seed 0)."""
+    device = hardware.pick_device()
+    machine = hardware.describe_machine(device)
+    return hardware.Lab(device, machine, hardware.profile_for(machine.device_class), seed=0)
 
-    Used by: the 02 loader check (an augmenting, shuffling loader must still see every sample).
+
+def speed(lab: hardware.Lab, check: str, measured: float | None, better: str = "higher",
+          **partner) -> CheckResult:
+    """judge() for a check that needs the real scale (speed, a step's peak), which the tiny test
+    profile never grades: at 32 px the lesson does not show (a step's peak is its gradients)."""
+    if not lab.profile.grades_speed and partner.get("correct", True) and partner.get("optimised", True):
+        return CheckResult(check, measured, None, better, lab.machine.device_class, "n/a",
+                           f"profile {lab.profile.name} is for tests and does not grade speed or "
+                           f"peaks; {partner.get('note', '')}".rstrip("; "), partner.get("details") or {})
+    return judge(check, measured, lab.machine.as_dict(), **partner)
+
+
+def one_batch(lab: hardware.Lab, batch_size: int | None = None, image_size: int | None = None, seed: int = 0):
+    """The naive loader's first batch at the profile's (or the given) size: ``(images, labels)`` on the CPU."""
+    import dataclasses
+
+    profile = dataclasses.replace(lab.profile, batch_size=batch_size or lab.profile.batch_size,
+                                  image_size=image_size or lab.profile.image_size)
+    return next(iter(pipeline.naive_loader(profile, seed=seed)))
+
+
+def process_start_s() -> float | None:
+    """When this process started (for "written by this kernel" checks), or None without psutil."""
+    try:
+        import psutil
+        return psutil.Process().create_time()
+    except Exception:  # no psutil: the freshness test is skipped, the content test still runs
+        return None
+
+
+def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
+        skip: tuple[str, ...] = (), lab: hardware.Lab | None = None, keep: bool = True) -> dict[str, CheckResult]:
+    """Run notebook ``number``'s graded checks on the code in ``namespace`` (Used by: 01-06).
+
+    Returns ``{check id: CheckResult}``. A check whose code raised fails with the error as its
+    note; the other checks still run. ``only`` / ``skip`` select checks by id (a notebook may
+    grade an expensive check where it is taught, and the rest at the end). With ``keep``, the
+    notebook's graded functions, as just measured, are kept for later notebooks (:mod:`labsupport.carry`).
     """
-    expected = torch.as_tensor(expected).flatten()
-    seen = torch.as_tensor(seen).flatten()
-    n_classes = int(max(expected.max(), seen.max() if seen.numel() else 0)) + 1
-    missing = torch.bincount(expected, minlength=n_classes) - torch.bincount(seen, minlength=n_classes)
-    if (missing < 0).any():
-        return False, f"labels seen more often than the dataset holds them: {(-missing).clamp(min=0).tolist()}"
-    if missing.sum() >= batch_size:
-        return False, (f"one epoch saw {seen.numel()} of {expected.numel()} samples; more than a "
-                       f"partial last batch ({batch_size - 1}) is missing")
-    return True, ""
+    nb = notebooks.get(number)
+    importlib.import_module(f".{module_name(number)}", __name__)  # registers the notebook's checks
+    lab = lab or grading_lab()
+    out: dict[str, CheckResult] = {}
+    for ids, fn in _CHECKS.get(number, []):
+        if (only is not None and not set(ids) & set(only)) or set(ids) <= set(skip):
+            continue
+        try:
+            found = fn(namespace, lab)
+        except Exception as err:  # the student's code, whatever it raised, costs this check only
+            why = f"{type(err).__name__}: {err}"
+            found = [CheckResult(i, None, None, "", lab.machine.device_class, "fail", why) for i in ids]
+        out.update({r.check: r for r in found})
+    if keep:
+        keep_checks(number, out.values())
+        if any(name in namespace for name in nb.graded):
+            carry.keep(number, namespace)
+    return out
 
 
-def step_trains(step, images, labels, steps: int = 3) -> tuple[bool, str]:
-    """True if calling ``step(images, labels)`` a few times changes the weights, all finite.
+def keep_checks(number: str, found) -> Path:
+    """Write notebook ``number``'s checks table, as just measured, to ``<results>/checks/<NN>.json``
+    (Used by: run; the report shows the tables of every notebook)."""
+    import json
 
-    Catches a step that skips backward or the optimizer, and an fp16 step without a scaler whose
-    overflowing gradients write inf/NaN into the weights. Used by: the 03 and 04 checks.
-    """
-    params = [p for p in step.model.parameters() if p.requires_grad]
-    before = [p.detach().clone() for p in params]
-    for i in range(steps):
-        loss = step(images, labels)
-        if not torch.isfinite(torch.as_tensor(loss)).all():
-            return False, f"step {i} returned a non-finite loss ({float(loss)})"
-    if not all(torch.isfinite(p).all() for p in params):
-        return False, "inf/NaN values were written into the weights (fp16 without a GradScaler?)"
-    if all(torch.equal(p, b) for p, b in zip(params, before)):
-        return False, f"the weights did not change in {steps} steps: is backward or optimizer.step() skipped?"
-    return True, ""
+    from .. import results
+
+    folder = results.results_dir() / "checks"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{number}.json"
+    rows = table(found).to_dict(orient="records")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(rows, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def kept_checks(directory: Path | None = None) -> pd.DataFrame:
+    """Every notebook's kept checks table, one row per check, in notebook order (Used by: the report)."""
+    import json
+
+    from .. import results
+
+    folder = Path(directory) if directory else results.results_dir()
+    rows = []
+    for path in sorted((folder / "checks").glob("*.json")):
+        try:
+            rows += json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # an unreadable table is left out of the report, not raised
+    return pd.DataFrame(rows, columns=["check", "measured", "threshold", "result", "note"])
+
+
+from . import partners  # noqa: E402  (the correctness partners, also reachable from here)
+
+same_batches, same_epoch_labels = partners.same_batches, partners.same_epoch_labels
+step_trains, first_mismatch = partners.step_trains, partners.first_mismatch

@@ -1,0 +1,194 @@
+"""The command line of the instructor commands: ``python -m autograder <command>``.
+
+One function per command; each calls its module (release, run, collect, grade, calibrate,
+reports) with the course root, and prints. A CourseError prints its message and exits with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .course import COURSE_ROOT, REPO_ROOT, CourseError, shown
+
+
+def cmd_release(args) -> int:
+    """``release``: setup cells, generate_assignment, copy to notebooks/."""
+    from .release import release
+
+    release(args.course, args.notebooks or args.course.resolve().parent / "notebooks",
+            student_url=args.student_url, student_dir=args.student_dir)
+    return 0
+
+
+def cmd_run(args) -> int:
+    """``run``: execute the reference notebooks, then print the ladder and where the report is."""
+    import pandas as pd
+
+    from labsupport import report
+    from labsupport.hardware import describe_machine
+
+    from . import reference
+    from .run import run_reference
+
+    path, misses = run_reference(args.course, args.build)
+    lad = report.ladder(args.build.resolve() / "run" / "results",
+                        assemble=reference.solutions("06").assemble_ladder)
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        print("\nThe optimisation ladder on this machine:")
+        print(lad.table.round(2).to_string(na_rep="-"))
+        details = report.rung_details(lad)
+        if not details.empty:
+            print("\nEach rung's one change, and the spread of its throughput:")
+            print(details[["builds on", "samples/s IQR", "step ms (median)", "change"]].round(1)
+                  .to_string(na_rep="-", max_colwidth=70))
+        print(f"(-: not measured. {report.LADDER_NOTE})")
+    for line in lad.missing:
+        print("missing:", line)
+    if misses:
+        machine = describe_machine()
+        print(f"\nBars the reference missed on this machine ({machine.device_name}, class "
+              f"{machine.device_class}), with what it measured; not a failure of the run:")
+        for miss in misses:
+            print(f"  {miss['notebook']}: {miss['message']}")
+        print("A grading machine gets bars its reference clears: run `python -m autograder calibrate` "
+              "there before grading (autograder/README.md).")
+    else:
+        print("\nThe reference cleared every graded bar on this machine.")
+    print(f"\nReport: {path}")
+    return 0
+
+
+
+def cmd_collect(args) -> int:
+    """``collect``: per-student folders or zips into submitted/; a line per student."""
+    from . import collect
+
+    found = collect.collect(args.inbox, args.course)
+    collect.print_collected(found)
+    return 0
+
+
+def cmd_grade(args) -> int:
+    """``grade``: autograde, feedback, CSV exports and the summary."""
+    from . import grade
+
+    grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout)
+    grade.print_summary(grades, args.course)
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    """``calibrate``: run the reference's checks, write and print this machine's thresholds."""
+    import pandas as pd
+
+    from . import calibrate
+
+    path, table = calibrate.calibrate(args.runs, args.course, args.output)
+    with pd.option_context("display.width", 200, "display.max_colwidth", 70):
+        print(table.to_string())
+    print(f"\nwrote {shown(path)}: grading on this machine now uses the 'calibrated' column.")
+    return 0
+
+
+def cmd_report(args) -> int:
+    """``report``: one student's report, the reference's, or the class summary, as HTML."""
+    from . import reports
+
+    if args.reference:
+        path = reports.reference_report(args.build, args.output)
+    elif args.student:
+        path = reports.student_report(args.course, args.student, args.output)
+    else:
+        path = reports.class_report(args.course, args.output)
+    print(f"wrote {shown(path)}")
+    return 0
+
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``python -m autograder`` argument parser, one subcommand per instructor command."""
+    p = argparse.ArgumentParser(
+        prog="python -m autograder",
+        description="Instructor commands of the lab's nbgrader course (autograder/). "
+                    "Run from the repository root. A typical term: release, then collect, "
+                    "calibrate (once per grading machine), grade, report.")
+    p.add_argument("--course", type=Path, default=COURSE_ROOT,
+                   help="the course root with nbgrader_config.py and source/ (default: %(default)s)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    rel = sub.add_parser(
+        "release", help="generate the student notebooks from the masters into notebooks/",
+        description="Write autograder/setup_cell.py into the first code cell of every master in "
+                    "source/lab/, run nbgrader generate_assignment --force (updating "
+                    "gradebook.db and release/), and copy the student versions, outputs "
+                    "cleared, into notebooks/. Commit the masters and notebooks/ afterwards.")
+    rel.add_argument("--notebooks", type=Path, default=None,
+                     help="where the student notebooks go (default: notebooks/ beside the "
+                          "course root, i.e. the repository's notebooks/)")
+    rel.add_argument("--student-url", default=None, metavar="URL",
+                     help="where Colab's setup cell installs the student distribution from (a git "
+                          "repository, zip or wheel URL); written into setup_cell.py and kept")
+    rel.add_argument("--student-dir", type=Path, default=REPO_ROOT / "build" / "student",
+                     help="where the student distribution is written (default: %(default)s, and "
+                          "its zip beside it)")
+    rel.set_defaults(func=cmd_release)
+    col = sub.add_parser(
+        "collect", help="put a folder of per-student folders or zips into submitted/",
+        description="INBOX holds one folder <student>/ or zip <student>.zip per student, with "
+                    "the notebooks at any depth. Each is copied to submitted/<student>/lab/, "
+                    "replacing an earlier submission. A bad zip, a missing, misnamed or "
+                    "unreadable notebook is reported for that student; the rest are collected.")
+    col.add_argument("inbox", type=Path, help="the folder of submissions")
+    col.set_defaults(func=cmd_collect)
+    gra = sub.add_parser(
+        "grade", help="autograde, generate feedback, export grades as CSV",
+        description="Autograde each collected submission, its notebooks one at a time in lab "
+                    "order in one folder (06 reads what 01-05 measured here), then generate "
+                    "feedback/ and write grades.csv, grades_by_check.csv and "
+                    "grading_summary.csv in the course root. Uses calibration.toml when it was "
+                    "measured on this machine.")
+    gra.add_argument("student", nargs="*", help="students to grade (default: all in submitted/)")
+    gra.add_argument("--timeout", type=int, default=None,
+                     help="seconds a cell may run (default: per device class, see grade.py)")
+    gra.set_defaults(func=cmd_grade)
+    cal = sub.add_parser(
+        "calibrate", help="derive this machine's thresholds from the reference solution's runs",
+        description="Run the reference solutions' speed and memory checks RUNS times on this "
+                    "machine and write calibration.toml (the rule: autograder/calibrate.py). "
+                    "Prints class defaults against calibrated thresholds.")
+    cal.add_argument("--runs", type=int, default=3, help="runs of the reference (default: %(default)s)")
+    cal.add_argument("--output", type=Path, default=None,
+                     help="calibration file (default: LAB_CALIBRATION or calibration.toml in the course root)")
+    cal.set_defaults(func=cmd_calibrate)
+    rep = sub.add_parser(
+        "report", help="export a student's or the reference's report, or the class summary, as HTML",
+        description="With --student, that student's comparison report from their grading-time "
+                    "results (reports/<student>.html); with --reference, the report of `make "
+                    "run` (build/report.html); with neither, the class summary (reports/class.html).")
+    who = rep.add_mutually_exclusive_group()
+    who.add_argument("--student", help="the student whose report to export")
+    who.add_argument("--reference", action="store_true", help="the reference run's report")
+    rep.add_argument("--build", type=Path, default=COURSE_ROOT.parent / "build",
+                     help="make run's output folder, for --reference (default: build/)")
+    rep.add_argument("--output", type=Path, default=None, help="where to write the HTML")
+    rep.set_defaults(func=cmd_report)
+    run = sub.add_parser(
+        "run", help="execute the six reference notebooks in order, export the report to HTML",
+        description="Execute the masters (reference solutions) headless in order on this "
+                    "machine's profile in BUILD/run, export the comparison report to "
+                    "BUILD/report.html, and print the ladder. This is `make run`.")
+    run.add_argument("--build", type=Path, default=COURSE_ROOT.parent / "build",
+                     help="output folder (default: build/ in the repository)")
+    run.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one instructor command; a CourseError prints its message and exits with 1."""
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CourseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1

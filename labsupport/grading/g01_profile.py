@@ -1,0 +1,134 @@
+"""Graded checks of 01_profile: the student's timer, their diagnosis, and their profiler trace.
+
+- ``01-throughput-error``: ``measure_throughput`` agrees with labsupport's timer on a known workload.
+- ``01-throughput-sync``: on CUDA it times the kernels, not their launches.
+- ``01-diagnose``: ``diagnose`` names the bottleneck of crafted breakdowns and of this machine's.
+- ``01-trace``: the torch.profiler trace was written by this kernel and holds convolutions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .. import measure, pipeline, results, train
+from . import StudentCodeError, judge, process_start_s, register, student
+
+
+def _known_workload(slow_calls: int) -> Callable[[], None]:
+    """A step of known duration (20 ms) whose first calls are slow (250 ms), as a real first
+    training step is (allocator growth, autotuning, lazy initialisation). It sleeps rather than
+    computes, so its duration does not depend on how busy the machine's cores are."""
+    calls = 0
+
+    def step():
+        nonlocal calls
+        calls += 1
+        time.sleep(0.25 if calls <= slow_calls else 0.02)
+    return step
+
+
+@register("01-throughput-error")
+def throughput(namespace, lab):
+    """The student's measure_throughput agrees with measure.time_steps on a known workload."""
+    fn = student(namespace, "measure_throughput", "01")
+    warmup, steps, samples = 3, 20, 32
+    ref = measure.time_steps(_known_workload(warmup), lab.device, warmup=warmup, steps=steps,
+                             samples_per_step=samples)
+    got = fn(_known_workload(warmup), lab.device, warmup=warmup, steps=steps,
+             samples_per_step=samples)
+    missing = {"images_per_s", "median_ms", "p50_ms", "p95_ms", "p99_ms"} - set(got or {})
+    if missing:
+        raise StudentCodeError(f"measure_throughput must return a dict with {', '.join(sorted(missing))}")
+    errors = {
+        "median_ms": got["median_ms"] / ref.median_ms - 1,
+        "p95_ms": got["p95_ms"] / ref.percentile_ms(95) - 1,
+        "images_per_s": got["images_per_s"] / ref.samples_per_s - 1,
+    }
+    worst = max(errors, key=lambda k: abs(errors[k]))
+    note = (f"worst: {worst} off by {errors[worst]:+.0%} (reference median {ref.median_ms:.1f} ms, "
+            f"p95 {ref.percentile_ms(95):.1f} ms, {ref.samples_per_s:.0f} images/s)")
+    return [judge("01-throughput-error", abs(errors[worst]), lab.machine.as_dict(), note=note)]
+
+
+@register("01-throughput-sync")
+def throughput_sync(namespace, lab):
+    """On CUDA, measure_throughput times the kernels, not their launches (synchronises)."""
+    fn = student(namespace, "measure_throughput", "01")
+    if lab.device.type != "cuda":
+        # Not applicable here, but the function must still run and answer (no free points).
+        got = fn(lambda: None, lab.device, warmup=1, steps=3, samples_per_step=1)
+        if not isinstance(got, dict) or "median_ms" not in got:
+            raise StudentCodeError("measure_throughput must return a dict with median_ms")
+        return [judge("01-throughput-sync", None, lab.machine.as_dict())]
+    a = torch.randn(4096, 4096, device=lab.device)
+
+    def work():  # queued asynchronously: the host returns long before the GPU is done
+        for _ in range(16):
+            a @ a
+    ref = measure.time_steps(work, lab.device, warmup=3, steps=20)
+    got = fn(work, lab.device, warmup=3, steps=20, samples_per_step=1)
+    ratio = got["median_ms"] / ref.median_ms
+    return [judge("01-throughput-sync", ratio, lab.machine.as_dict(),
+                          note=f"yours {got['median_ms']:.2f} ms vs CUDA events {ref.median_ms:.2f} ms")]
+
+
+_GROUPS = {"data": ("data wait",), "transfer": ("host to device",), "compute": ("forward", "backward"),
+           "optimizer": ("optimizer",)}
+
+# Crafted breakdowns (ms per phase) with their bottleneck. Some need the grouping: the largest
+# single phase is not always the bottleneck.
+_CASES = [
+    ({"data wait": 70, "host to device": 2, "forward": 10, "backward": 15, "optimizer": 3}, "data"),
+    ({"data wait": 5, "host to device": 3, "forward": 30, "backward": 55, "optimizer": 7}, "compute"),
+    ({"data wait": 20, "host to device": 45, "forward": 15, "backward": 15, "optimizer": 5}, "transfer"),
+    ({"data wait": 40, "host to device": 1, "forward": 30, "backward": 28, "optimizer": 1}, "compute"),
+    ({"data wait": 10, "host to device": 5, "forward": 12, "backward": 13, "optimizer": 60}, "optimizer"),
+    ({"data wait": 0.7, "host to device": 0.01, "forward": 0.1, "backward": 0.15, "optimizer": 0.04}, "data"),
+]
+
+
+def _bottleneck(breakdown: dict[str, float]) -> str:
+    return max(_GROUPS, key=lambda g: sum(breakdown.get(p, 0.0) for p in _GROUPS[g]))
+
+
+@register("01-diagnose")
+def diagnose(namespace, lab):
+    """diagnose() names the right bottleneck on crafted breakdowns and on this machine, measured now."""
+    fn = student(namespace, "diagnose", "01")
+    step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+    batches = pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed))
+    per_step = train.phase_breakdown(batches, step, steps=3, warmup=1)
+    here = {p: float(np.median(v)) for p, v in per_step.items()}
+    cases = [*_CASES, (here, _bottleneck(here))]
+    wrong = [(b, want, got) for b, want in cases if (got := fn(dict(b))) != want]
+    note = "; ".join(f"{({k: round(v, 1) for k, v in b.items()})} is {want!r}, you said {got!r}"
+                     for b, want, got in wrong[:2])
+    return [judge("01-diagnose", 1 - len(wrong) / len(cases), lab.machine.as_dict(),
+                          note=note or f"this machine, measured now: {cases[-1][1]}")]
+
+
+@register("01-trace")
+def trace(namespace, lab):
+    """results/traces/01-trace.json was written by this kernel, parses, and holds convolution events."""
+    path = results.results_dir() / "traces" / "01-trace.json"
+    if not path.is_file():
+        raise StudentCodeError(f"{path} does not exist: run the torch.profiler cell of 01, which "
+                               "exports the trace there.")
+    started = process_start_s()
+    if started is not None and path.stat().st_mtime < started - 1:
+        raise StudentCodeError(f"{path} is older than this kernel: run the torch.profiler cell again.")
+    try:
+        events = json.loads(path.read_text())["traceEvents"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise StudentCodeError(f"{path} is not a Chrome trace ({err}); export it with "
+                               "prof.export_chrome_trace(path).") from None
+    convs = sum(1 for e in events if "conv" in str(e.get("name", "")).lower())
+    return [judge("01-trace", convs, lab.machine.as_dict(),
+                          note=f"{len(events)} events, {convs} of them convolutions")]
+
+

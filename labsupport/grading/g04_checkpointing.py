@@ -1,0 +1,108 @@
+"""Graded checks of 04_checkpointing: the student's ``checkpointed``, ``SEGMENTS`` and ``accumulate_step``.
+
+- ``04-grad-match``: the checkpointed network gives the plain one's gradients and BatchNorm statistics.
+- ``04-activation-ratio``, ``04-peak-ratio``, ``04-fits-budget``, ``04-time-overhead``: it holds
+  less in the forward, its step peaks lower, the doubled batch fits the budget, at a bounded cost.
+- ``04-accum-match``: k micro-batches give the large batch's gradients and one optimizer update.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import measure, memory, train
+from . import StudentCodeError, judge, one_batch, partners, register, speed, student
+
+
+def segments_of(namespace) -> int:
+    """The student's ``SEGMENTS``, checked to be a whole number of ResNet-18's 9 body units (Used by: 04-06)."""
+    segments = namespace.get("SEGMENTS")
+    if not isinstance(segments, int) or not 1 <= segments <= 9:
+        raise StudentCodeError(f"SEGMENTS = {segments!r}: set it to the number of checkpointed segments "
+                               "you chose, from 1 to 9 (ResNet-18's body has 9 units).")
+    return segments
+
+
+@register("04-grad-match", "04-activation-ratio", "04-peak-ratio", "04-fits-budget", "04-time-overhead")
+def checkpointing(namespace, lab):
+    """Checkpointing keeps the gradients, halves what the forward holds, fits the larger batch, at a bounded cost."""
+    wrap = student(namespace, "checkpointed", "04")
+    segments = segments_of(namespace)
+    machine, batch = lab.machine.as_dict(), lab.profile.batch_size
+    images, labels = one_batch(lab, batch_size=2 * batch)
+    images, labels = images.to(lab.device), labels.to(lab.device)
+    small_x, small_y = images[:batch], labels[:batch]
+
+    plain = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+    model = train.build_model(seed=lab.seed)
+    ckpt = train.TrainStep(model, train.StepConfig(), lab.device, net=wrap(model, segments))
+
+    # The partner: same gradients and the same BatchNorm running statistics after one backward.
+    with train.exact_fp32():  # no TF32: a float32 tolerance must mean float32 arithmetic
+        want = train.grads_and_stats(plain.net, plain.model, small_x, small_y)
+        got = train.grads_and_stats(ckpt.net, ckpt.model, small_x, small_y)
+    why = (partners.first_mismatch("gradients", got[0], want[0], rtol=1e-4, atol=1e-5)
+           or partners.first_mismatch("BatchNorm running statistics", got[1], want[1], rtol=1e-5, atol=1e-6))
+    partner = dict(correct=not why, why_incorrect=why)
+    grad = judge("04-grad-match", float(not why), machine, **partner,
+                         note=f"{len(want[0])} gradients and {len(want[1])} BatchNorm statistics compared")
+
+    held = {name: memory.forward_bytes(lambda s=s: F.cross_entropy(s.net(small_x), small_y), lab.device)
+            for name, s in (("plain", plain), ("ckpt", ckpt))}
+    act = judge("04-activation-ratio", held["ckpt"] / held["plain"], machine, **partner,
+                        note=f"the forward holds {held['ckpt'] / 2**20:.0f} MiB vs {held['plain'] / 2**20:.0f} MiB")
+
+    for s in (plain, ckpt):  # warm-up: optimizer state exists before peaks are measured
+        s(small_x, small_y)
+    peak = {name: memory.peak_step_bytes(lambda s=s, x=x, y=y: s(x, y), lab.device).peak_bytes
+            for name, s, x, y in (("plain", plain, small_x, small_y), ("ckpt", ckpt, small_x, small_y),
+                                  ("plain-2x", plain, images, labels), ("ckpt-2x", ckpt, images, labels))}
+    budget = memory.BUDGET_FACTOR * peak["plain"]
+    mib = {k: v / 2**20 for k, v in peak.items()}
+    peak_check = speed(lab, "04-peak-ratio", peak["ckpt"] / peak["plain"], "lower", **partner,
+                        note=f"peak {mib['ckpt']:.0f} MiB vs {mib['plain']:.0f} MiB at batch {batch}")
+    fits = judge("04-fits-budget", peak["ckpt-2x"] / budget, machine, **partner,
+                         note=(f"batch {2 * batch}: checkpointed {mib['ckpt-2x']:.0f} MiB, plain "
+                               f"{mib['plain-2x']:.0f} MiB, budget {budget / 2**20:.0f} MiB"),
+                         details={"budget_bytes": budget, **{f"peak_{k}": v for k, v in peak.items()}})
+
+    # More rounds than a speedup check: the overhead is judged against a bar, not just reported.
+    cmp = measure.compare(lambda: plain(small_x, small_y), lambda: ckpt(small_x, small_y), lab.device,
+                          rounds=max(7, lab.profile.rounds), steps_per_round=lab.profile.steps_per_round)
+    overhead = 1 / cmp.speedup.median - 1
+    cost = speed(lab, "04-time-overhead", overhead, "lower", **partner,
+                  note=f"{cmp.summary()['candidate_ms']:.0f} ms vs {cmp.summary()['baseline_ms']:.0f} ms "
+                              f"per step ({cmp.speedup.n} paired rounds, speedup IQR {cmp.speedup.q1:.2f}-"
+                              f"{cmp.speedup.q3:.2f})")
+    return [grad, act, peak_check, fits, cost]
+
+
+@register("04-accum-match")
+def accumulation(namespace, lab):
+    """k micro-batches give the large batch's gradients and exactly one optimizer update."""
+    step_fn = student(namespace, "accumulate_step", "04")
+    size = min(64, lab.profile.image_size)
+    images, labels = one_batch(lab, batch_size=2 * lab.profile.batch_size, image_size=size)
+    images, labels = images.to(lab.device), labels.to(lab.device)
+    reference, model = train.group_norm_resnet(lab.seed).to(lab.device), train.group_norm_resnet(lab.seed).to(lab.device)
+    with train.exact_fp32():
+        want, _ = train.grads_and_stats(reference, reference, images, labels)
+    lr = 0.1
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    with train.exact_fp32():
+        loss = step_fn(model, optimizer, images, labels, 3)  # 3 does not divide the batch: uneven micro-batches
+    got = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    why = partners.first_mismatch("gradients", got, want, rtol=1e-4, atol=1e-6)
+    if not why:
+        updated = [b - lr * g for b, g in zip(before, want)]
+        why = partners.first_mismatch("weights after the update", [p.detach() for p in model.parameters()], updated,
+                              rtol=1e-4, atol=1e-6)
+        why = why and f"{why} (one optimizer.step() per large batch, after all micro-batches)"
+    if not why and not torch.isfinite(torch.as_tensor(loss)).all():
+        why = f"accumulate_step returned a non-finite loss {loss}"
+    return [judge("04-accum-match", float(not why), lab.machine.as_dict(), correct=not why,
+                          why_incorrect=why, note="" if why else "gradients and the update match one large batch")]
+
+
