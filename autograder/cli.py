@@ -92,6 +92,19 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_benchmark(args) -> int:
+    """``benchmark``: the reference's speed and memory checks, N runs, against the class defaults."""
+    import pandas as pd
+
+    from . import benchmark
+
+    path, table = benchmark.benchmark(args.runs, args.course, args.output)
+    with pd.option_context("display.width", 200):
+        print(table.to_string(float_format=lambda v: f"{v:.3g}"))
+    print(f"\nwrote {shown(path)}")
+    return 0
+
+
 def cmd_report(args) -> int:
     """``report``: one student's report, the reference's, or the class summary, as HTML."""
     from . import reports
@@ -161,6 +174,14 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--output", type=Path, default=None,
                      help="calibration file (default: LAB_CALIBRATION or calibration.toml in the course root)")
     cal.set_defaults(func=cmd_calibrate)
+    ben = sub.add_parser(
+        "benchmark", help="measure the reference's speed and memory checks N times on this machine",
+        description="Run the reference solutions' speed and memory checks RUNS times (as calibrate "
+                    "does) and print each check's median, spread, class-default bar and margin; "
+                    "the table also goes to build/benchmark-<class>.txt. Writes no calibration.")
+    ben.add_argument("--runs", type=int, default=5, help="runs of the reference (default: %(default)s)")
+    ben.add_argument("--output", type=Path, default=None, help="where the table goes")
+    ben.set_defaults(func=cmd_benchmark)
     rep = sub.add_parser(
         "report", help="export a student's or the reference's report, or the class summary, as HTML",
         description="With --student, that student's comparison report from their grading-time "

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import nbformat
 
+from .course import CourseError
+
 STUDENT_README = Path(__file__).resolve().parent / "student_README.md"
 INSTRUCTOR_ONLY = ("nbgrader", "pytest")  # requirements students do not need (grading, tests)
 # What the distribution may hold: these files, and files below these folders.
@@ -42,7 +44,7 @@ _URL_LINE = re.compile(r'^LAB_URL = "([^"\n]*)"', re.MULTILINE)
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same files give the same zip
 
 
-class StudentDistributionError(RuntimeError):
+class StudentDistributionError(CourseError):
     """The student distribution cannot be built or the URL set; the message says what to fix."""
 
 

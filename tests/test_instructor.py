@@ -331,3 +331,19 @@ def test_grading_uses_the_calibration_of_its_course_root(tmp_path, monkeypatch):
     assert course.calibration_file(tmp_path) == tmp_path / "calibration.toml"
     monkeypatch.setenv("LAB_CALIBRATION", str(tmp_path / "elsewhere.toml"))
     assert course.calibration_file(tmp_path) == tmp_path / "elsewhere.toml"
+
+
+def test_benchmark_table_gives_median_spread_bar_and_margin():
+    """The benchmark's table: a speedup's margin is median / bar, a share's is bar / median; n/a has none."""
+    from types import SimpleNamespace
+
+    from autograder import benchmark
+
+    machine = SimpleNamespace(device_class="cpu-bf16")
+    table = benchmark.table({"02-loader-speedup": [5.0, 6.0, 4.0], "02-data-wait-share": [0.02, 0.05, 0.04],
+                             "05-compile-speedup": [1.5, 1.6]}, machine)
+    assert table.loc["02-loader-speedup", "median"] == 5.0 and table.loc["02-loader-speedup", "margin"] == pytest.approx(5 / 3)
+    assert table.loc["02-data-wait-share", "margin"] == pytest.approx(0.10 / 0.04)
+    assert table.loc["02-loader-speedup", "min"] == 4.0 and table.loc["02-loader-speedup", "max"] == 6.0
+    cpu = benchmark.table({"03-amp-speedup": [0.98]}, SimpleNamespace(device_class="cpu"))
+    assert cpu.loc["03-amp-speedup", "class default"] == "n/a" and cpu.loc["03-amp-speedup", "margin"] is None
