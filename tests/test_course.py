@@ -77,21 +77,19 @@ def test_nbgrader_validate(kind, master, validate_dirs, tiny_data, monkeypatch):
     """`nbgrader validate` passes on the master; `--invert` finds no passing test in the student
     version (a test that passes on the unmodified release hands out free points).
 
-    Masters run at this machine's own profile on the real dataset, in notebook order in one
-    folder as autograde runs them: this is the headless execution of the reference solution,
-    and its graded checks measure at the scale that grades. Student versions run at the tiny
-    scale: they only have to fail.
+    Both run at the tiny scale, in notebook order in one folder as autograde runs them: every
+    cell of the reference executes and its correctness partners hold, and the student versions
+    fail. Speed at the scale that grades is not a test's to assert on whatever CPU CI has: `make
+    run` executes the masters at this machine's profile, and `python -m autograder benchmark`
+    measures the reference's speed and memory checks against their bars (running the masters at
+    the real profile here took about 11 of make test's minutes).
     """
     folder = validate_dirs[kind]
     notebook = folder / master.name
     shutil.copyfile(master if kind == "master" else _student(master), notebook)
     monkeypatch.setenv("LAB_RESULTS", str(folder / "results"))
-    if kind == "master":
-        monkeypatch.delenv("LAB_PROFILE", raising=False)
-        monkeypatch.delenv("LAB_DATA", raising=False)
-    else:
-        monkeypatch.setenv("LAB_PROFILE", "tiny")
-        monkeypatch.setenv("LAB_DATA", str(tiny_data))  # a few images per class: the tiny scale
+    monkeypatch.setenv("LAB_PROFILE", "tiny")
+    monkeypatch.setenv("LAB_DATA", str(tiny_data))  # a few images per class: the tiny scale
     started = time.perf_counter()
     findings = release.validate(notebook, invert=(kind == "student"))
     print(f"{kind} {master.name}: validated in {time.perf_counter() - started:.0f} s")

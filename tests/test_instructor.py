@@ -190,11 +190,17 @@ def test_the_ladder_is_the_students_own(graded):
                   for stage, _ in report.RUNGS} for who in ("reference", "slow-loader")}
     end_to_end = {who: next(float(row["measured"]) for row in json.loads((results / who / "checks" / "06.json").read_text())
                             if row["check"] == "06-end-to-end") for who in ("reference", "slow-loader")}
-    print("samples/s per rung:", rate, "end-to-end speedup:", end_to_end)
+    wait = {who: {stage: json.loads((results / who / f"{stage}.json").read_text())["metrics"]["phases_ms"]["data wait"]
+                  for stage, _ in report.RUNGS} for who in ("reference", "slow-loader")}
+    print("samples/s per rung:", rate, "data wait (ms):", wait, "end-to-end speedup:", end_to_end)
     assert "time.sleep(0.05)" in (results / "slow-loader" / "code" / "02.py").read_text()
+    # Every rung from 02 on waits for the student's own loader: 50 ms more per batch with the
+    # slower one (a direct measure; throughput at the tiny scale is too noisy to show it on
+    # every rung). The faster rungs, 02 and 03, also show it in throughput, and so does 06.
     for stage in ("02-data", "03-amp", "04-memory", "05-compile"):
+        assert wait["slow-loader"][stage] > wait["reference"][stage] + 30, (stage, wait)
+    for stage in ("02-data", "03-amp"):
         assert rate["slow-loader"][stage] < 0.9 * rate["reference"][stage], (stage, rate)
-    assert rate["slow-loader"]["01-baseline"] > 0.5 * rate["reference"]["01-baseline"]  # same naive baseline
     assert end_to_end["slow-loader"] < 0.9 * end_to_end["reference"], end_to_end
 
 
