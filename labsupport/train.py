@@ -148,7 +148,7 @@ class TrainStep:
                 loss = self.update(self.net, self.optimizer, self.scaler, images, labels, self.dtype)
             mark("optimizer")
             return torch.as_tensor(loss).detach()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()  # frees the gradients (set_to_none is the default since torch 2.0)
         mark("optimizer")
         loss = F.cross_entropy(self.net(images), labels)
         mark("forward")
@@ -297,20 +297,16 @@ def exact_fp32():
 
     On Ampere and newer GPUs cuDNN convolutions run in TF32 by default (10-bit mantissa), so two
     mathematically equal float32 computations, such as a checkpointed and a plain backward, can
-    differ by more than a float32 tolerance. Comparisons of gradients run inside this. Uses the
-    ``fp32_precision`` settings where torch has them (2.9+), else the ``allow_tf32`` flags; the
-    two must not be mixed. A no-op for CPU work.
+    differ by more than a float32 tolerance. Comparisons of gradients run inside this. It uses
+    torch's ``fp32_precision`` settings (torch 2.9+; the older boolean TF32 flags are deprecated
+    and must not be mixed with them). A no-op for CPU work.
     """
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "fp32_precision"):
-        settings, exact = [(matmul, "fp32_precision"), (cudnn, "fp32_precision")], "ieee"
-    else:
-        settings, exact = [(matmul, "allow_tf32"), (cudnn, "allow_tf32")], False
-    saved = [getattr(owner, name) for owner, name in settings]
+    settings = [torch.backends.cuda.matmul, torch.backends.cudnn]
+    saved = [owner.fp32_precision for owner in settings]
     try:
-        for owner, name in settings:
-            setattr(owner, name, exact)
+        for owner in settings:
+            owner.fp32_precision = "ieee"
         yield
     finally:
-        for (owner, name), value in zip(settings, saved):
-            setattr(owner, name, value)
+        for owner, value in zip(settings, saved):
+            owner.fp32_precision = value

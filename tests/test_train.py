@@ -151,11 +151,7 @@ def test_evaluate_returns_accuracy(tiny_data, tiny):
 def test_exact_fp32_turns_tf32_off_and_restores_the_settings():
     """Gradient comparisons run without TF32 (on by default for cuDNN convolutions on Ampere+)."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    names = ("fp32_precision",) if hasattr(matmul, "fp32_precision") else ("allow_tf32",)
-    before = [getattr(o, n) for o in (matmul, cudnn) for n in names]
+    before = (matmul.fp32_precision, cudnn.fp32_precision, cudnn.conv.fp32_precision)
     with train.exact_fp32():
-        inside = [getattr(o, n) for o in (matmul, cudnn) for n in names]
-        if hasattr(cudnn, "conv") and hasattr(cudnn.conv, "fp32_precision"):
-            assert cudnn.conv.fp32_precision == "ieee"
-    assert all(v in ("ieee", False) for v in inside), inside
-    assert [getattr(o, n) for o in (matmul, cudnn) for n in names] == before
+        assert (matmul.fp32_precision, cudnn.fp32_precision, cudnn.conv.fp32_precision) == ("ieee",) * 3
+    assert (matmul.fp32_precision, cudnn.fp32_precision, cudnn.conv.fp32_precision) == before

@@ -274,6 +274,17 @@ def process_start_s() -> float | None:
         return None
 
 
+def written_now(path: Path, cell: str) -> Path:
+    """``path``, checked to exist and to have been written by this kernel; else a StudentCodeError
+    naming ``cell``, the cell that writes it (Used by: 01's trace and 06's report checks)."""
+    if not path.is_file():
+        raise StudentCodeError(f"{path} does not exist: run {cell}, which writes it.")
+    started = process_start_s()
+    if started is not None and path.stat().st_mtime < started - 1:
+        raise StudentCodeError(f"{path} is older than this kernel: run {cell} again.")
+    return path
+
+
 def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
         skip: tuple[str, ...] = (), lab: hardware.Lab | None = None, keep: bool = True) -> dict[str, CheckResult]:
     """Run notebook ``number``'s graded checks on the code in ``namespace`` (Used by: 01-06).

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .. import measure, pipeline, results, train
-from . import StudentCodeError, judge, process_start_s, register, student
+from . import StudentCodeError, judge, register, student, written_now
 
 
 def _known_workload(slow_calls: int) -> Callable[[], None]:
@@ -115,13 +115,7 @@ def diagnose(namespace, lab):
 @register("01-trace")
 def trace(namespace, lab):
     """results/traces/01-trace.json was written by this kernel, parses, and holds convolution events."""
-    path = results.results_dir() / "traces" / "01-trace.json"
-    if not path.is_file():
-        raise StudentCodeError(f"{path} does not exist: run the torch.profiler cell of 01, which "
-                               "exports the trace there.")
-    started = process_start_s()
-    if started is not None and path.stat().st_mtime < started - 1:
-        raise StudentCodeError(f"{path} is older than this kernel: run the torch.profiler cell again.")
+    path = written_now(results.results_dir() / "traces" / "01-trace.json", "the torch.profiler cell of 01")
     try:
         events = json.loads(path.read_text())["traceEvents"]
     except (ValueError, KeyError, TypeError) as err:

@@ -16,7 +16,7 @@ import math
 import pandas as pd
 
 from .. import measure, notebooks, pipeline, report, results, train
-from . import StudentCodeError, carried, judge, partners, process_start_s, register, speed, student
+from . import StudentCodeError, carried, judge, partners, register, speed, student, written_now
 from .g03_amp import amp_step, precision
 
 
@@ -155,13 +155,7 @@ def end_to_end(namespace, lab):
 def html_report(namespace, lab):
     """The notebook exported the report: one HTML file, written now, with the ladder table and the plots."""
     student(namespace, "assemble_ladder", "06")(crafted_results())  # the student's table is in it
-    path = report.default_path()
-    if not path.is_file():
-        raise StudentCodeError(f"{path} does not exist: run the export cell of 06 "
-                               "(ls.report.export_html(ls.report.default_path(), lad)).")
-    started = process_start_s()
-    if started is not None and path.stat().st_mtime < started - 1:
-        raise StudentCodeError(f"{path} is older than this kernel: run the export cell again.")
+    path = written_now(report.default_path(), "the export cell of 06 (ls.report.export_html)")
     text = path.read_text(encoding="utf-8", errors="replace")
     found = {"ladder table": 'class="dataframe ladder"' in text,
              "embedded plots": text.count('src="data:image/png;base64,') >= 1,
