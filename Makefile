@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test data release browser clean
+.PHONY: run test data release browser sandbox clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed: set PYTHON=python3.11")'
@@ -23,7 +23,7 @@ run: $(STAMP)
 	$(PY) -m labsupport data
 	$(PY) -m autograder run
 
-test: $(STAMP) browser
+test: $(STAMP) browser sandbox
 	$(PY) -m pytest
 
 # The HTML report's test renders it in Debian's chromium. Install it when we can (root, apt); the
@@ -34,6 +34,16 @@ browser:
 	  && apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive \
 	     apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
 	  || echo "chromium is not installed: the HTML report test will be skipped (apt-get install chromium)"
+
+# Grading runs each submission in a bubblewrap sandbox (autograder/sandbox.py); the instructor
+# tests grade hostile submissions in it. Install it when we can (root, apt); grading says so, and
+# those tests skip visibly, where we cannot.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && echo "installing bubblewrap (apt) for the grading sandbox" \
+	  && { apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null 2>&1 || { apt-get update -qq >/dev/null \
+	       && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null; }; }; } \
+	  || echo "bubblewrap is not installed: grading runs without a sandbox, and its tests are skipped (apt-get install bubblewrap)"
 
 data: $(STAMP)
 	$(PY) -m labsupport data

@@ -74,7 +74,8 @@ def cmd_grade(args) -> int:
     """``grade``: autograde, feedback, CSV exports and the summary."""
     from . import grade
 
-    grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout)
+    grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout,
+                         sandboxed=not args.no_sandbox)
     grade.print_summary(grades, args.course)
     return 0
 
@@ -164,6 +165,9 @@ def parser() -> argparse.ArgumentParser:
     gra.add_argument("student", nargs="*", help="students to grade (default: all in submitted/)")
     gra.add_argument("--timeout", type=int, default=None,
                      help="seconds a cell may run (default: per device class, see grade.py)")
+    gra.add_argument("--no-sandbox", action="store_true",
+                     help="run students' notebooks without the sandbox (autograder/sandbox.py): for "
+                          "debugging the grader only, since their code then runs with your rights")
     gra.set_defaults(func=cmd_grade)
     cal = sub.add_parser(
         "calibrate", help="derive this machine's thresholds from the reference solution's runs",

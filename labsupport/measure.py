@@ -20,7 +20,6 @@ per-step percentiles, so steady-state timing is done here with the same care.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,14 +27,23 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+# The clock and device synchronisation every timing uses, bound when labsupport is imported: a
+# student's function that later replaces time.perf_counter or torch.cuda.synchronize (to shrink a
+# measured time) cannot change what these names call. The grader's verdict process imports
+# labsupport before it loads any student code.
+from time import perf_counter as _clock  # noqa: E402
+
+_cuda_synchronize = torch.cuda.synchronize
+_mps_synchronize = torch.mps.synchronize
+
 
 def sync(device: torch.device | str) -> None:
     """Wait for the device to finish queued work (Used by: every timing in the lab)."""
     device = torch.device(device)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        _cuda_synchronize(device)
     elif device.type == "mps":
-        torch.mps.synchronize()
+        _mps_synchronize()
 
 
 @dataclass(frozen=True)
@@ -125,10 +133,10 @@ def time_steps(step: Callable[[], object], device: torch.device | str, *, warmup
     else:
         times = []
         for _ in loop:
-            t0 = time.perf_counter()
+            t0 = _clock()
             step()
             sync(device)
-            times.append((time.perf_counter() - t0) * 1000)
+            times.append((_clock() - t0) * 1000)
         method = "host-clock"
     return StepTimes(tuple(times), samples_per_step, method, torch.get_num_threads())
 
@@ -157,10 +165,10 @@ def one_off_s(fn: Callable[[], object], device: torch.device | str) -> float:
     """
     device = torch.device(device)
     sync(device)
-    t0 = time.perf_counter()
+    t0 = _clock()
     fn()
     sync(device)
-    return time.perf_counter() - t0
+    return _clock() - t0
 
 
 def cold_compile_s(compiled: Callable, *args, device: torch.device | str) -> float:
@@ -235,11 +243,11 @@ def compare(baseline: Callable[[], object], candidate: Callable[[], object],
 
     def block(fn: Callable[[], object]) -> float:
         sync(device)
-        t0 = time.perf_counter()
+        t0 = _clock()
         for _ in range(steps_per_round):
             fn()
         sync(device)
-        return time.perf_counter() - t0
+        return _clock() - t0
 
     loop = range(rounds)
     if progress:
@@ -271,11 +279,11 @@ class PhaseClock:
 
     def start(self) -> None:
         sync(self.device)
-        self._last = time.perf_counter()
+        self._last = _clock()
 
     def mark(self, phase: str) -> None:
         """Charge the time since the previous mark to ``phase`` (accumulates within a step)."""
         sync(self.device)
-        now = time.perf_counter()
+        now = _clock()
         self.totals_s[phase] += now - self._last
         self._last = now

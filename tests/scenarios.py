@@ -16,6 +16,10 @@ they follow the masters whenever the lab changes:
 - ``infinite-loop``: in 01, the cell that defines ``measure_throughput`` never ends.
 - ``tampered``: in 02, no solution, and the test cells and the graded-checks cell are edited to
   pass.
+- ``slow-loader``: the reference with a correct but slower 02 loader, 04 and 05 not submitted.
+- ``reuse``: answers reused from where they used to ship.
+- the attacks on the grader in ``attacks.py``: ``hostile``, ``cheater``, ``outsider``, ``filler``,
+  ``sleeper``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import re
 from pathlib import Path
 
 import nbformat
+
+import attacks
 
 SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$\n?", re.MULTILINE)
 
@@ -109,7 +115,7 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
             "    optimizer.step()\n    return total / micro_batches")
         return nbs
     if scenario == "monkeypatch":
-        nbs = {n: plain[n] for n in ("02_data_loading", "04_checkpointing")}
+        nbs = {n: plain[n] for n in ("02_data_loading",)}
         patch = (
             "import labsupport, labsupport.grading, labsupport.measure\n"
             "from labsupport.grading import CheckResult\n\n\n"
@@ -122,7 +128,6 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
             "labsupport.grading.run = lambda notebook, namespace, **kw: {}\n"
             "labsupport.check = lambda *args, **kwargs: None")
         _insert_after(nbs["02_data_loading"], "make_fast_loader", patch)
-        _insert_after(nbs["04_checkpointing"], "accumulate_step", patch)
         return nbs
     if scenario == "crash":
         nbs = {"01_profile": ref["01_profile"]}
@@ -148,7 +153,9 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
     if scenario == "slow-loader":
         # The reference with a correct but slower 02 loader: the same batches, each after a pause.
         # Every later rung and 06's end-to-end check must use it (the student's own ladder).
-        nbs = ref
+        # 04 and 05 are not submitted, to keep the tests short: their rungs run the same carried
+        # loader as 03's, through the same code (labsupport/grading/rungs.py).
+        nbs = {n: nb for n, nb in ref.items() if n not in ("04_checkpointing", "05_compile")}
         cell = _by_id(nbs["02_data_loading"], "make_fast_loader")
         cell.source = ("import time\n\n" + cell.source.replace("def make_fast_loader(", "def _decode_once_loader(", 1)
                        + "\n\n\ndef make_fast_loader(lab, split=\"train\", augment=True):\n"
@@ -181,11 +188,13 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
         _by_id(nbs["06_report"], "assemble_ladder").source = (
             "def assemble_ladder(frame):\n    return ls.report.ladder_from_frame(frame)\n")
         return nbs
+    if scenario in attacks.ATTACKS:
+        return attacks.build(scenario, ref, plain)
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
 SCENARIOS = ("reference", "unchanged", "hardcoded", "wrong-but-fast", "monkeypatch", "crash",
-             "infinite-loop", "tampered", "reuse", "slow-loader")
+             "infinite-loop", "tampered", "reuse", "slow-loader") + attacks.ATTACKS
 
 
 def write(scenario: str, release_dir: Path, masters_dir: Path, folder: Path) -> list[Path]:

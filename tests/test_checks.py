@@ -106,6 +106,47 @@ def test_02_loader_with_other_pixels_fails():
     assert result.status == "fail" and "pixel values differ" in result.note
 
 
+def test_02_loader_checked_on_every_batch_it_is_timed_on():
+    """Three careless or clever loaders that the first epoch's label counts and shapes let
+    through: labels shuffled within each training batch, training images decoded at half the
+    resolution and resized up, and a loader that behaves for one epoch and then drops batches."""
+    import torch.nn.functional as F
+
+    ns = solution("02", "make_fast_loader")
+    honest = ns["make_fast_loader"]
+
+    def wrapped(change):
+        def make(lab, split="train", augment=True):
+            loader = honest(lab, split, augment)
+
+            class Changed:
+                epochs = 0
+
+                def __len__(self):
+                    return len(loader)
+
+                def __iter__(self):
+                    Changed.epochs += 1
+                    for i, (x, y) in enumerate(loader):
+                        out = change(x, y, i, Changed.epochs) if split == "train" else (x, y)
+                        if out is not None:
+                            yield out
+            return Changed()
+        return make
+
+    size = ls.hardware.PROFILES["tiny"].image_size
+    cases = {
+        "mislabelled": (lambda x, y, i, e: (x, y.roll(1)), "keep each image with its own label"),
+        "upsampled": (lambda x, y, i, e: (F.interpolate(F.interpolate(x, scale_factor=0.5), size=size), y),
+                      "no image of the dataset"),
+        "later epochs drop batches": (lambda x, y, i, e: None if e > 1 and i % 2 else (x, y), "timed epoch"),
+    }
+    for name, (change, message) in cases.items():
+        ns["make_fast_loader"] = wrapped(change)
+        result = checks.run("02", ns, only=("02-loader-speedup",))["02-loader-speedup"]
+        assert result.status == "fail" and message in result.note, (name, result.note)
+
+
 def test_02_naive_loader_in_disguise_is_not_3x(monkeypatch):
     monkeypatch.setenv("LAB_PROFILE", "tiny:grades_speed=1")
     ns = {"make_fast_loader": lambda lab, split="train", augment=True: ls.pipeline.naive_loader(
@@ -139,6 +180,22 @@ def test_03_step_that_skips_backward_fails():
     for check in ("03-amp-speedup", "03-activation-ratio", "03-fp16-scaler", "03-accuracy-gap"):
         assert found[check].status == "fail", found[check]
     assert "did not change" in found["03-amp-speedup"].note
+
+
+def test_03_step_that_trains_only_the_last_layer_fails():
+    """Fast, and it trains: but only the classifier. The partner of 03's speed and memory checks
+    (and of their points where speed is n/a) needs every layer updated."""
+    ns = solution("03", *AMP_CELLS)
+    honest = ns["amp_train_step"]
+
+    def frozen_body(model, optimizer, scaler, images, labels, dtype):
+        for name, p in model.named_parameters():  # backward through the classifier only: faster
+            p.requires_grad_(name.startswith("fc."))
+        return honest(model, optimizer, scaler, images, labels, dtype)
+
+    ns["amp_train_step"] = frozen_body
+    found = checks.run("03", ns, only=("03-amp-speedup",))["03-amp-speedup"]
+    assert found.status == "fail" and "every layer" in found.note, found.note
 
 
 def test_03_fp16_step_without_a_scaler_fails():
@@ -223,6 +280,26 @@ def test_04_accumulation_that_steps_every_micro_batch_or_averages_unevenly_fails
         assert result.status == "fail" and "differs" in result.note, (wrong.__name__, result.note)
 
 
+def test_04_accumulation_must_show_its_micro_batches():
+    """Right gradients from one full-batch forward: the memory accumulation exists to save is not
+    saved. The model must see the micro-batches."""
+    ns = solution("04", *CKPT_CELLS)
+
+    def one_batch(model, optimizer, images, labels, micro_batches):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    ns["accumulate_step"] = one_batch
+    result = checks.run("04", ns, only=("04-accum-match",))["04-accum-match"]
+    assert result.status == "fail" and "micro-batches" in result.note, result.note
+    assert checks.g04_checkpointing.micro_batch_problem([6, 5, 5], 16, 3) == ""
+    assert checks.g04_checkpointing.micro_batch_problem([5, 5, 5, 1], 16, 3) == ""
+    assert "not the batch's 16 once" in checks.g04_checkpointing.micro_batch_problem([6, 5], 16, 3)
+
+
 def test_04_missing_segments_choice_is_explained():
     ns = solution("04", *CKPT_CELLS)
     ns["SEGMENTS"] = 12
@@ -249,6 +326,26 @@ def test_05_compiled_model_with_other_outputs_fails():
     ns["compile_inference"] = lambda model: (lambda x: model(x) * 1.5)
     result = checks.run("05", ns, only=("05-compile-speedup",))["05-compile-speedup"]
     assert result.status == "fail" and "differ from eager" in result.note
+
+
+def test_05_the_timed_calls_must_run_the_models_compiled_graph():
+    """A wrapper that compiles something else on its first call (Dynamo captures a graph) and
+    then runs the eager model fails; the model itself compiled (Dynamo's eager backend, quick to
+    build) passes the same test."""
+    ns = solution("05", "break_even_steps")
+
+    def decoy(model):
+        def call(x):
+            torch.compile(lambda t: t * 2 + 1, backend="eager")(x)  # a graph, but not the model's
+            return model(x)
+        return call
+
+    ns["compile_inference"] = decoy
+    result = checks.run("05", ns, only=("05-compile-speedup",))["05-compile-speedup"]
+    assert result.status == "fail" and "runs the model eagerly" in result.note, result.note
+    ns["compile_inference"] = lambda model: torch.compile(model, backend="eager")
+    result = checks.run("05", ns, only=("05-compile-speedup",))["05-compile-speedup"]
+    assert result.status == "n/a", result.note  # tiny grades no speed; compiled and correct
 
 
 # 06 ------------------------------------------------------------------------------------------

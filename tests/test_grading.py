@@ -150,3 +150,34 @@ def test_step_trains_catches_fp16_without_a_scaler_writing_nan():
     assert not ok and ("inf/NaN" in why or "non-finite loss" in why), why
     scaled = TrainStep(_small_net(), StepConfig(amp_dtype="float16"), "cpu", update=with_scaler)
     assert grading.step_trains(scaled, x * 1e2, y, steps=20) == (True, "")
+
+
+def test_a_graded_function_that_patches_a_library_fails_and_cannot_change_the_timing(monkeypatch):
+    """A student's function that replaces time.perf_counter (to shrink its measured time) or a
+    function the naive baseline runs (to slow it) fails the check it was measured in, and the
+    originals are back afterwards. labsupport's clock was bound at import, so the timing itself
+    never used the fake one."""
+    import time
+
+    import PIL.Image
+
+    from labsupport import measure
+
+    real_clock, real_open = time.perf_counter, PIL.Image.open
+    seen = {}
+
+    def measured(namespace, lab):
+        namespace["make_fast_loader"](lab)  # the student's code runs inside the check
+        seen["one_off_s"] = measure.one_off_s(lambda: sum(range(10**6)), "cpu")
+        return [grading.judge("02-loader-speedup", 5.0, lab.machine.as_dict())]
+
+    def faking(lab):
+        time.perf_counter = lambda: 0.0  # every interval measures 0 s
+        PIL.Image.open = lambda *a, **k: time.sleep(0.01) or real_open(*a, **k)  # a slower baseline
+
+    grading.run("02", {}, keep=False)  # registers 02's checks
+    monkeypatch.setitem(grading._CHECKS, "02", [(("02-loader-speedup",), measured)])
+    found = grading.run("02", {"make_fast_loader": faking}, keep=False)["02-loader-speedup"]
+    assert found.status == "fail" and "time.perf_counter" in found.note and "PIL.Image.open" in found.note
+    assert time.perf_counter is real_clock and PIL.Image.open is real_open
+    assert seen["one_off_s"] > 0  # measured with the real clock, although the fake one was in place

@@ -10,15 +10,19 @@ cheat gains or loses on speed is proven at the real profile in
 
 from __future__ import annotations
 
+import hashlib
 import shutil
+import subprocess
 import zipfile
+from pathlib import Path
 
 import nbformat
 import pandas as pd
 import pytest
 
+import attacks
 import scenarios
-from autograder import calibrate, collect, course, grade, release, reports
+from autograder import calibrate, collect, course, grade, release, reports, sandbox, verdicts
 from labsupport import grading
 from labsupport.hardware import describe_machine
 
@@ -51,8 +55,7 @@ LOSES = {
                                   "test_fp16_scaler"},
                        "04_checkpointing": {"test_accumulation"}},
     # patched labsupport functions change nothing: graded checks measure with a fresh copy.
-    "monkeypatch": {"02_data_loading": set(POINTS["02_data_loading"]),
-                    "04_checkpointing": set(POINTS["04_checkpointing"])},
+    "monkeypatch": {"02_data_loading": set(POINTS["02_data_loading"])},
     "crash": {"01_profile": {"test_diagnose"}},
     # the interrupted cell never defined measure_throughput: both checks that call it fail.
     "infinite-loop": {"01_profile": {"test_throughput", "test_throughput_sync"}},
@@ -63,7 +66,23 @@ LOSES = {
     # stages fail too, since 01 was not submitted.
     # correct but slower: speed is not graded at the tiny profile, so it keeps every point here
     # (test_the_ladder_is_the_students_own shows the slower loader in its ladder instead).
-    "slow-loader": {},
+    # 04 and 05 not submitted: 06 finds their stages missing (the end-to-end check needs them all).
+    "slow-loader": {"06_report": {"test_stages", "test_end_to_end"}},
+    # Attacks on the grader (tests/attacks.py). What they did in the kernel reaches nothing else:
+    # the hostile one's 01 is the reference's work and keeps its points; the others lose exactly
+    # the points their own work would.
+    "hostile": {},
+    # 01: halved timing, graded against the grader's thresholds, not the lenient copy the kernel
+    # switched to; 02: the blank release (the transformer only fooled the kernel); 06: the typed
+    # stages are not the grader's (its correct assemble_ladder and its export keep their points).
+    "cheater": {"01_profile": {"test_throughput"}, "02_data_loading": set(POINTS["02_data_loading"]),
+                "06_report": {"test_stages", "test_end_to_end"}},
+    # no network: diagnose raises; no course folder: the master's answer cannot be read.
+    "outsider": {"01_profile": {"test_diagnose"}, "02_data_loading": set(POINTS["02_data_loading"])},
+    # stopped at the disk quota, and what it wrote deleted: its carried code and trace too.
+    "filler": {"01_profile": set(POINTS["01_profile"])},
+    # stopped at the notebook's wall-clock budget, before its checks ran.
+    "sleeper": {"01_profile": set(POINTS["01_profile"])},
     "reuse": {"02_data_loading": set(POINTS["02_data_loading"]),
               "03_amp": {"test_accuracy", "test_amp_speedup", "test_activation_memory"},
               "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"},
@@ -71,14 +90,38 @@ LOSES = {
 }
 SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
            "wrong-but-fast": {"02_data_loading", "03_amp", "04_checkpointing"},
-           "monkeypatch": {"02_data_loading", "04_checkpointing"}, "crash": {"01_profile"},
+           "monkeypatch": {"02_data_loading"}, "crash": {"01_profile"},
            "infinite-loop": {"01_profile"}, "tampered": {"02_data_loading"},
-           "reuse": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile", "06_report"}}
+           "reuse": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile", "06_report"},
+           "slow-loader": set(POINTS) - {"04_checkpointing", "05_compile"}, "hostile": {"01_profile"},
+           "cheater": {"01_profile", "02_data_loading", "06_report"},
+           "outsider": {"01_profile", "02_data_loading"}, "filler": {"01_profile"}, "sleeper": {"01_profile"}}
+# Notebooks of a scenario left out of this batch, to keep make test under 30 minutes: each one's
+# wrong code is graded on its own in tests/test_checks.py (hardcoded 05's uncompiled model:
+# test_05_break_even_and_outputs...; wrong-but-fast 03's missing backward and 04's unscaled
+# accumulation: test_03_step_that_skips_backward_fails, test_04_accumulation_...; reuse 03 and 04
+# call what 02 shows gone), and hardcoded 05 at the real profile below.
+NOT_HANDED_IN = {"hardcoded": ("05_compile",), "wrong-but-fast": ("03_amp", "04_checkpointing"),
+                 "reuse": ("03_amp", "04_checkpointing")}
 LOOP_TIMEOUT_S = 25  # the per-cell limit for the batch with the infinite loop
+SLEEPER_BUDGET_S = 45  # the wall clock of one notebook in the sleeper's batch
+NO_SANDBOX = sandbox.problem()
+GRADED = tuple(s for s in scenarios.SCENARIOS if not (NO_SANDBOX and s in attacks.ATTACKS))
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def checkout_hash(*folders: Path) -> dict[str, str]:
+    """``{file: sha256}`` of the files below ``folders`` (caches and the real gradebook aside)."""
+    out = {}
+    for folder in folders:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".db"):
+                out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
 
 
 def expected_score(scenario: str, notebook: str) -> float:
-    if notebook not in SUBMITS.get(scenario, POINTS):
+    if notebook not in SUBMITS.get(scenario, POINTS) or notebook in NOT_HANDED_IN.get(scenario, ()):
         return 0.0
     lost = LOSES[scenario].get(notebook, set())
     return float(sum(p for cell, p in POINTS[notebook].items() if cell not in lost))
@@ -95,9 +138,11 @@ def graded(tmp_path_factory, tiny_data):
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     release_dir = release.generate(root)
     inbox = tmp / "inbox"
-    for scenario in scenarios.SCENARIOS:
+    for scenario in GRADED:
         folder = inbox / scenario / "lab"
         scenarios.write(scenario, release_dir, root / "source" / "lab", folder)
+        for name in NOT_HANDED_IN.get(scenario, ()):
+            (folder / f"{name}.ipynb").unlink()
         if scenario in ("reference", "tampered"):  # these arrive as zips, as from an LMS
             with zipfile.ZipFile(inbox / f"{scenario}.zip", "w") as archive:
                 for path in folder.glob("*.ipynb"):
@@ -109,13 +154,27 @@ def graded(tmp_path_factory, tiny_data):
         mp.setenv("LAB_DATA", str(tiny_data))
         mp.setenv("LAB_PROFILE", "tiny")
         mp.setenv("LAB_CALIBRATION", str(tmp / "no-calibration.toml"))
+        # A smaller disk quota, so that the disk fill is stopped within seconds (05's compile
+        # caches, 157 MB precompiled headers among them, fit in it).
+        mp.setattr(sandbox, "STORE_BYTES", 2**30)
+        mp.setattr(sandbox, "MAX_FILE_BYTES", 512 * 2**20)
         collected = collect.collect(inbox, root)
-        first = [s for s in scenarios.SCENARIOS if s not in ("infinite-loop", "crash")]
+        checkout = (CHECKOUT / "labsupport", CHECKOUT / "autograder", CHECKOUT / "tests", root / "submitted",
+                    root / "source", root / "release")
+        before = checkout_hash(*checkout)
+        # The attacks first, so that the students they aim at are graded after them.
+        attackers = [s for s in ("hostile", "cheater", "outsider", "filler") if s in GRADED]
+        first = attackers + [s for s in GRADED if s not in ("infinite-loop", "crash", "sleeper", *attackers)]
         grades = grade.grade(root, first, progress=False)
         # The infinite loop first, then a student after it: the batch goes on.
         grades += grade.grade(root, ["infinite-loop", "crash"], timeout_s=LOOP_TIMEOUT_S, progress=False)
+        if "sleeper" in GRADED:
+            grades += grade.grade(root, ["sleeper"], timeout_s=LOOP_TIMEOUT_S, budget_s=SLEEPER_BUDGET_S,
+                                  progress=False)
+        after = checkout_hash(*checkout)
         grade.export(root, grades)
-    return {"root": root, "collected": {c.student: c for c in collected}, "grades": grades}
+    return {"root": root, "collected": {c.student: c for c in collected}, "grades": grades,
+            "changed": sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))}
 
 
 def _grade(graded, student, notebook) -> grade.NotebookGrade:
@@ -159,6 +218,8 @@ def test_collect_rejects_unknown_and_unreadable_notebooks(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", scenarios.SCENARIOS)
 def test_scenario_scores_exactly(graded, scenario):
+    if scenario not in GRADED:
+        pytest.skip(f"an attack on the grader, graded only in its sandbox, and there is none here: {NO_SANDBOX}")
     got = {nb: _grade(graded, scenario, nb).score for nb in POINTS}
     want = {nb: expected_score(scenario, nb) for nb in POINTS}
     detail = {nb: _grade(graded, scenario, nb).errors for nb in POINTS if got[nb] != want[nb]}
@@ -186,18 +247,19 @@ def test_the_ladder_is_the_students_own(graded):
     from labsupport import report
 
     results = graded["root"] / "results"
+    stages = ("01-baseline", "02-data", "03-amp")  # slow-loader hands in no 04 or 05
     rate = {who: {stage: json.loads((results / who / f"{stage}.json").read_text())["metrics"]["samples_per_s"]
-                  for stage, _ in report.RUNGS} for who in ("reference", "slow-loader")}
+                  for stage in stages} for who in ("reference", "slow-loader")}
     end_to_end = {who: next(float(row["measured"]) for row in json.loads((results / who / "checks" / "06.json").read_text())
                             if row["check"] == "06-end-to-end") for who in ("reference", "slow-loader")}
     wait = {who: {stage: json.loads((results / who / f"{stage}.json").read_text())["metrics"]["phases_ms"]["data wait"]
-                  for stage, _ in report.RUNGS} for who in ("reference", "slow-loader")}
+                  for stage in stages} for who in ("reference", "slow-loader")}
     print("samples/s per rung:", rate, "data wait (ms):", wait, "end-to-end speedup:", end_to_end)
     assert "time.sleep(0.05)" in (results / "slow-loader" / "code" / "02.py").read_text()
     # Every rung from 02 on waits for the student's own loader: 50 ms more per batch with the
     # slower one (a direct measure; throughput at the tiny scale is too noisy to show it on
     # every rung). The faster rungs, 02 and 03, also show it in throughput, and so does 06.
-    for stage in ("02-data", "03-amp", "04-memory", "05-compile"):
+    for stage in ("02-data", "03-amp"):
         assert wait["slow-loader"][stage] > wait["reference"][stage] + 30, (stage, wait)
     for stage in ("02-data", "03-amp"):
         assert rate["slow-loader"][stage] < 0.9 * rate["reference"][stage], (stage, rate)
@@ -206,9 +268,13 @@ def test_the_ladder_is_the_students_own(graded):
 
 def test_every_notebook_of_every_submission_has_feedback(graded):
     root = graded["root"]
-    for scenario in scenarios.SCENARIOS:
+    for scenario in GRADED:
         names = {p.stem for p in (root / "feedback" / scenario / "lab").glob("*.html")}
-        assert names == SUBMITS.get(scenario, set(POINTS)), scenario
+        # A notebook the sandbox stopped (its disk quota, its wall clock) never finished running,
+        # so nbgrader has no autograded copy to give feedback on: the summary says why instead.
+        stopped = {g.notebook for g in graded["grades"] if g.student == scenario and g.status == "failed to run"}
+        want = SUBMITS.get(scenario, set(POINTS)) - set(NOT_HANDED_IN.get(scenario, ())) - stopped
+        assert names == want, scenario
 
 
 def test_infinite_loop_is_timed_out_and_the_batch_goes_on(graded):
@@ -235,7 +301,7 @@ def test_tampering_is_reported_and_the_original_tests_run(graded):
 def test_grades_csv_and_reports(graded):
     root = graded["root"]
     grades_csv = pd.read_csv(root / "grades.csv")
-    assert set(scenarios.SCENARIOS) <= set(grades_csv.student_id)
+    assert set(GRADED) <= set(grades_csv.student_id)
     page = reports.class_report(root).read_text()
     assert 'class="dataframe students"' in page and 'class="dataframe checks"' in page
     assert page.count("data:image/png;base64,") >= 1
@@ -353,3 +419,70 @@ def test_benchmark_table_gives_median_spread_bar_and_margin():
     assert table.loc["02-loader-speedup", "min"] == 4.0 and table.loc["02-loader-speedup", "max"] == 6.0
     cpu = benchmark.table({"03-amp-speedup": [0.98]}, SimpleNamespace(device_class="cpu"))
     assert cpu.loc["03-amp-speedup", "class default"] == "n/a" and cpu.loc["03-amp-speedup", "margin"] is None
+
+
+needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no grading sandbox here: {NO_SANDBOX}")
+
+
+@needs_sandbox
+def test_attacks_change_nothing_outside_their_own_grade(graded):
+    """After the batch, the checkout, the masters, the release and every submitted notebook are as
+    they were (by hash); nobody has extra credit; no process of the sandbox outlived grading; and
+    the CSVs were written (the gradebook was never locked)."""
+    from nbgrader.api import Gradebook
+
+    root = graded["root"]
+    assert graded["changed"] == [], f"files changed while grading: {graded['changed'][:5]}"
+    with course.venv_on_path(), Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        credit = [(s, g.extra_credit) for s, g in
+                  ((sub.student.id, g) for sub in gb.find_assignment("lab").submissions
+                   for nb in sub.notebooks for g in nb.grades) if g.extra_credit]
+    assert credit == []
+    left = subprocess.run(["pgrep", "-u", str(sandbox.NOBODY)], capture_output=True, text=True).stdout
+    assert not left.strip(), f"processes of the sandbox outlived grading: {left}"
+    for name in ("grades", "grades_by_check", "grading_summary"):
+        assert (root / f"{name}.csv").stat().st_size > 0
+
+
+@needs_sandbox
+def test_what_the_kernel_scored_itself_is_reported_not_recorded(graded):
+    """The cheater's kernel passed its own checks (lenient thresholds, a transformer that skips
+    .require()); the gradebook holds the grader's verdicts, and the summary names the cells."""
+    disagreed = grade.summary(graded["grades"]).loc["cheater", "kernel disagreed"]
+    assert "test_throughput (kernel 3, grader 0)" in disagreed
+    assert "test_loader_speedup (kernel 3, grader 0)" in disagreed
+    assert "test_stages (kernel 2, grader 0)" in disagreed
+    assert grade.summary(graded["grades"]).loc["reference", "kernel disagreed"] == ""
+
+
+@needs_sandbox
+def test_floods_fills_and_sleepers_are_stopped(graded):
+    root = graded["root"]
+    flooded = root / "autograded" / "hostile" / "lab" / "01_profile.ipynb"
+    assert flooded.stat().st_size < 16 * 2**20
+    assert "output truncated by the grader" in flooded.read_text()
+    assert any("to disk" in e for e in _grade(graded, "filler", "01_profile").errors)
+    assert sandbox.folder_bytes(root / "sandbox" / "filler") < 300 * 2**20
+    sleeper = _grade(graded, "sleeper", "01_profile")
+    assert sleeper.seconds < SLEEPER_BUDGET_S + 30, sleeper
+
+
+def test_the_gradebook_is_put_back(graded, tmp_path):
+    """What a submission must not change in the gradebook is restored and reported: another
+    student's score, extra credit nobody gave, a score above the cell's maximum."""
+    from nbgrader.api import Gradebook
+
+    db = tmp_path / "gradebook.db"
+    shutil.copyfile(graded["root"] / "gradebook.db", db)
+    with course.venv_on_path(), Gradebook(f"sqlite:///{db}") as gb:
+        before = verdicts.snapshot(gb, "lab")
+        reference = gb.find_grade("test_throughput", "01_profile", "lab", "reference")
+        crash = gb.find_grade("test_trace", "01_profile", "lab", "crash")
+        kept = reference.auto_score
+        reference.auto_score = 0.0  # another student zeroed
+        crash.extra_credit = 41.0  # extra credit nobody gave
+        crash.auto_score = 99.0  # above the cell's maximum
+        gb.db.commit()
+        repaired = verdicts.restore(gb, "lab", "crash", before)
+        assert reference.auto_score == kept and crash.extra_credit is None and crash.auto_score == 0.0
+    assert len(repaired) == 3, repaired

@@ -266,7 +266,12 @@ def one_batch(lab: hardware.Lab, batch_size: int | None = None, image_size: int 
 
 
 def process_start_s() -> float | None:
-    """When this process started (for "written by this kernel" checks), or None without psutil."""
+    """When this kernel started (for "written by this kernel" checks), or None without psutil.
+
+    In the grader's verdict process, the kernel's start comes from ``LAB_WRITTEN_SINCE`` (the
+    grader sets it; the files checked were written by the kernel that ran before it)."""
+    if os.environ.get("LAB_WRITTEN_SINCE"):
+        return float(os.environ["LAB_WRITTEN_SINCE"])
     try:
         import psutil
         return psutil.Process().create_time()
@@ -298,6 +303,7 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
     importlib.import_module(f".{module_name(number)}", __name__)  # registers the notebook's checks
     lab = lab or grading_lab()
     out: dict[str, CheckResult] = {}
+    libraries = library_functions()
     for ids, fn in _CHECKS.get(number, []):
         if (only is not None and not set(ids) & set(only)) or set(ids) <= set(skip):
             continue
@@ -306,12 +312,51 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
         except Exception as err:  # the student's code, whatever it raised, costs this check only
             why = f"{type(err).__name__}: {err}"
             found = [CheckResult(i, None, None, "", lab.machine.device_class, "fail", why) for i in ids]
+        patched = restore_library_functions(libraries)
+        if patched:  # measured against a patched library (a slowed baseline, a faked clock): no verdict
+            why = (f"your code replaced {', '.join(patched[:3])} while it was measured: graded "
+                   "functions must not patch libraries (the originals are back for the next checks)")
+            found = [CheckResult(i, None, None, "", lab.machine.device_class, "fail", why) for i in ids]
         out.update({r.check: r for r in found})
     if keep:
         keep_checks(number, out.values())
         if any(name in namespace for name in nb.graded):
             carry.keep(number, namespace)
     return out
+
+
+# What the baseline and the clocks run: the module functions and the methods of the classes a
+# graded measurement goes through, which the libraries themselves leave alone once imported. (Not
+# torch.nn.Module or the optimizers: torch.compile and torch.optim patch those on their own.) A
+# graded function that replaces one, to slow the naive loader or step it is compared with or to
+# fake a clock, fails the check it was measured in.
+_LIBRARY_MODULES = ("time", "torch", "torch.nn.functional", "torch.utils.data",
+                    "torchvision.transforms.v2.functional", "torchvision.io", "PIL.Image", "numpy")
+_LIBRARY_CLASSES = (("torch", "Tensor"), ("torch.nn", "Conv2d"), ("torch.nn", "BatchNorm2d"),
+                    ("torch.nn", "Linear"), ("torch.utils.data", "DataLoader"), ("PIL.Image", "Image"))
+
+
+def library_functions() -> dict[tuple[object, str], object]:
+    """``{(module or class, attribute): function}`` for the watched libraries, as they are now."""
+    owners = [sys.modules[m] for m in _LIBRARY_MODULES if m in sys.modules]
+    owners += [getattr(sys.modules[m], c) for m, c in _LIBRARY_CLASSES
+               if m in sys.modules and hasattr(sys.modules[m], c)]
+    return {(owner, name): value for owner in owners for name, value in list(vars(owner).items())
+            if callable(value) or isinstance(value, (staticmethod, classmethod))}
+
+
+def restore_library_functions(before: dict[tuple[object, str], object]) -> list[str]:
+    """Put back every watched function replaced since ``before``; returns their names."""
+    patched = []
+    for (owner, name), value in before.items():
+        if vars(owner).get(name) is not value:
+            patched.append(f"{getattr(owner, '__module__', '')}.{getattr(owner, '__qualname__', owner.__name__)}"
+                           f".{name}" if isinstance(owner, type) else f"{owner.__name__}.{name}")
+            try:
+                setattr(owner, name, value)
+            except (AttributeError, TypeError):
+                pass
+    return patched
 
 
 def keep_checks(number: str, found) -> Path:

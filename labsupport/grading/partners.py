@@ -54,12 +54,14 @@ def same_epoch_labels(expected, seen, batch_size: int) -> tuple[bool, str]:
 
 
 def step_trains(step, images, labels, steps: int = 3) -> tuple[bool, str]:
-    """True if calling ``step(images, labels)`` a few times changes the weights, all finite.
+    """True if calling ``step(images, labels)`` a few times changes every weight tensor, all finite.
 
-    Catches a step that skips backward or the optimizer, and an fp16 step without a scaler whose
-    overflowing gradients write inf/NaN into the weights. Used by: the 03 and 04 checks.
+    Catches a step that skips backward or the optimizer, one that trains only some layers (the
+    last one, say), and an fp16 step without a scaler whose overflowing gradients write inf/NaN
+    into the weights. Every parameter of the lab's ResNet-18 gets a gradient from every batch, so
+    a step that trains changes them all. Used by: the 03, 04 and 06 checks.
     """
-    params = [p for p in step.model.parameters() if p.requires_grad]
+    params = list(step.model.parameters())  # all of them: a step may not freeze layers either
     before = [p.detach().clone() for p in params]
     for i in range(steps):
         loss = step(images, labels)
@@ -69,6 +71,11 @@ def step_trains(step, images, labels, steps: int = 3) -> tuple[bool, str]:
         return False, "inf/NaN values were written into the weights (fp16 without a GradScaler?)"
     if all(torch.equal(p, b) for p, b in zip(params, before)):
         return False, f"the weights did not change in {steps} steps: is backward or optimizer.step() skipped?"
+    names = {id(p): n for n, p in step.model.named_parameters()}
+    frozen = [names.get(id(p), "?") for p, b in zip(params, before) if torch.equal(p, b)]
+    if frozen:
+        return False, (f"{len(frozen)} of {len(params)} weight tensors did not change in {steps} steps "
+                       f"({', '.join(frozen[:3])}...): the step must update every layer of the model")
     return True, ""
 
 
@@ -80,3 +87,86 @@ def first_mismatch(name: str, got: list, want: list, rtol: float, atol: float) -
         except AssertionError as err:
             return f"{name} #{i} differs: {str(err).splitlines()[-1].strip() or err}"
     return "" if len(got) == len(want) else f"{len(got)} {name} instead of {len(want)}"
+
+
+def _fingerprints(images: torch.Tensor) -> torch.Tensor:
+    """A 4 x 4 average-pooled copy of each image, flattened: which source image this is."""
+    return torch.nn.functional.adaptive_avg_pool2d(images.float(), 4).flatten(1).double()
+
+
+def paired_with_sources(loader, sources: torch.Tensor, labels: torch.Tensor,
+                        tolerance: float = 1e-4) -> tuple[bool, str]:
+    """True if every image ``loader`` yields (augmentation off) is one of ``sources`` at full
+    resolution, exactly, and comes with that source's label; ``sources`` are normalised float
+    images (N x 3 x H x W, the naive loader's evaluation transform) with their ``labels``.
+
+    Catches a loader that pairs images with the wrong labels, and one that decodes at a lower
+    resolution and resizes up to the right shape. Used by: the 02 loader check.
+    """
+    keys = _fingerprints(sources)
+    for i, (x, y) in enumerate(loader):
+        x, y = x.to("cpu", torch.float32), y.cpu()
+        if x.shape[1:] != sources.shape[1:]:
+            return False, f"batch {i}: images {tuple(x.shape[1:])}, expected {tuple(sources.shape[1:])}"
+        distance = torch.cdist(_fingerprints(x), keys)
+        match = distance.argmin(dim=1)
+        err = (x - sources[match]).abs().amax(dim=(1, 2, 3))
+        for j in (err > tolerance).nonzero().flatten().tolist():  # a tie of fingerprints: try them all
+            tied = (distance[j] <= distance[j, match[j]] + 1e-9).nonzero().flatten()
+            errs = (x[j] - sources[tied]).abs().flatten(1).amax(dim=1)
+            match[j], err[j] = tied[errs.argmin()], errs.min()
+        if (err > tolerance).any():
+            j = int(err.argmax())
+            return False, (f"batch {i}, image {j}: no image of the dataset at {sources.shape[-1]} px matches "
+                           f"it (pixels off by up to {float(err[j]):.3g}): decode at full resolution, "
+                           "then resize once to the profile's size, as the naive loader does")
+        wrong = (labels[match] != y).nonzero().flatten()
+        if wrong.numel():
+            j = int(wrong[0])
+            return False, (f"batch {i}, image {j}: labelled {int(y[j])}, but it is an image of class "
+                           f"{int(labels[match][j])}: keep each image with its own label")
+    return True, ""
+
+
+class EpochRecorder:
+    """A loader that remembers what it yielded, epoch by epoch, without slowing the loop down.
+
+    Wraps the loader a speed check times: labels are kept as the tensors yielded (no copy, no
+    device synchronisation) and checked afterwards with :meth:`problems`. Used by: the 02 check.
+    """
+
+    def __init__(self, loader):
+        self.loader, self.epochs, self.complete, self.kinds = loader, [], [], set()
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        labels = []
+        self.epochs.append(labels)
+        self.complete.append(False)
+        for x, y in self.loader:
+            self.kinds.add((tuple(x.shape[1:]), x.dtype))
+            labels.append(y)
+            yield x, y
+        self.complete[-1] = True
+
+    def problems(self, expected, batch_size: int, kinds: set) -> str:
+        """What was wrong with any epoch that was timed ("" if nothing): every complete epoch sees
+        every sample's label once, an epoch cut short sees none too often, every batch has the
+        expected shape and dtype."""
+        if self.kinds - kinds:
+            return f"timed batches had shapes/dtypes {self.kinds - kinds}, expected {kinds}"
+        expected = torch.as_tensor(expected).flatten()
+        counts = torch.bincount(expected)
+        for n, (labels, complete) in enumerate(zip(self.epochs, self.complete), 1):
+            seen = torch.cat([y.cpu().flatten() for y in labels]) if labels else expected[:0]
+            if complete:
+                ok, why = same_epoch_labels(expected, seen, batch_size)
+                if not ok:
+                    return f"timed epoch {n}: {why}"
+            elif seen.numel():
+                extra = torch.bincount(seen, minlength=len(counts))[:len(counts)] - counts
+                if (extra > 0).any() or seen.max() >= len(counts):
+                    return f"timed epoch {n}: labels seen more often than the dataset holds them"
+        return ""

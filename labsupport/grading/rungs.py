@@ -1,0 +1,79 @@
+"""Each notebook's rung of 06's ladder, measured by the grader from the student's carried code.
+
+A notebook records its rung in a cell the student can edit; the verdict process
+(:mod:`.verdict`) measures it again, from the code the notebook's checks carried forward, into
+the grader's own results store. 06's checks read only that store, so a rung typed, edited or
+written by hand in the student's kernel is never graded. The steps are the ones the notebooks
+build (the same ``measure_rung``):
+
+- 01: the naive baseline (naive loader, fp32 step, ``loss.item()`` every step);
+- 02: the student's loader feeding the fp32 step;
+- 03: their loader feeding their precision choice and mixed-precision step;
+- 04: their checkpointing (``checkpointed``, ``SEGMENTS``) around their 03 step, at twice the batch;
+- 05: their 03 step, compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .. import notebooks, report, train
+from . import CheckResult, carried, student
+from .g03_amp import amp_step, precision
+
+
+def _measured(found: dict[str, CheckResult], check: str) -> float | None:
+    result = found.get(check)
+    return None if result is None else result.measured
+
+
+def measure(number: str, namespace: dict, lab, found: dict[str, CheckResult]) -> dict | None:
+    """Measure and record notebook ``number``'s rung with the student's code (None for 06).
+
+    ``namespace`` holds the notebook's own graded functions; earlier notebooks' come from the
+    results store (carried forward by their verdicts). ``found`` are this notebook's verdicts,
+    whose measurements are recorded beside the rung. Raises whatever the student's code raises.
+    """
+    nb = notebooks.get(number)
+    if nb.stage is None:
+        return None
+    device, seed, profile = lab.device, lab.seed, lab.profile
+    fp32 = lambda: train.make_step(train.StepConfig(), device, seed=seed)  # noqa: E731
+    if number == "01":
+        from .. import pipeline
+
+        return report.measure_rung(nb.stage, fp32(), pipeline.naive_loader(profile, seed=seed), lab,
+                                   progress=False)
+    loader = (student(namespace, "make_fast_loader", "02") if number == "02"
+              else carried("02", lab).make_fast_loader)
+    if number == "02":
+        return report.measure_rung(nb.stage, fp32(), loader(lab), lab, progress=False,
+                                   loader_speedup=_measured(found, "02-loader-speedup"),
+                                   data_wait_share=_measured(found, "02-data-wait-share"))
+    amp_code = namespace if number == "03" else vars(carried("03", lab))
+    update = student(amp_code, "amp_train_step", "03")
+    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
+    if number == "03":
+        accuracy = found["03-accuracy-gap"].details if "03-accuracy-gap" in found else {}
+        return report.measure_rung(nb.stage, amp_step(update, dtype, channels_last, device, seed=seed),
+                                   loader(lab), lab, progress=False,
+                                   step_speedup=_measured(found, "03-amp-speedup"),
+                                   activation_ratio=_measured(found, "03-activation-ratio"),
+                                   accuracy_fp32=accuracy.get("accuracy_fp32"), accuracy=accuracy.get("accuracy"))
+    if number == "04":
+        wrap, segments = student(namespace, "checkpointed", "04"), namespace.get("SEGMENTS")
+        batch = 2 * profile.batch_size
+        config = train.StepConfig(amp_dtype=str(dtype).removeprefix("torch.") if dtype else None,
+                                  channels_last=channels_last, checkpoint_segments=int(segments or 0),
+                                  batch_size=batch)
+        step = train.make_step(config, device, seed=seed, update=update,
+                               wrap=lambda model: wrap(model, segments))
+        big = dataclasses.replace(profile, batch_size=batch)
+        return report.measure_rung(nb.stage, step, loader(dataclasses.replace(lab, profile=big)), lab,
+                                   profile=big, progress=False, batch_size=batch,
+                                   peak_ratio=_measured(found, "04-peak-ratio"))
+    if number == "05":
+        step = amp_step(update, dtype, channels_last, device, seed=seed, compiled=True)
+        return report.measure_rung(nb.stage, step, loader(lab), lab, progress=False,
+                                   inference_speedup=_measured(found, "05-compile-speedup"))
+    raise ValueError(f"notebook {number} records stage {nb.stage} but has no rung here")

