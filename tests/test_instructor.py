@@ -257,12 +257,12 @@ def test_the_ladder_is_the_students_own(graded):
     print("samples/s per rung:", rate, "data wait (ms):", wait, "end-to-end speedup:", end_to_end)
     assert "time.sleep(0.05)" in (results / "slow-loader" / "code" / "02.py").read_text()
     # Every rung from 02 on waits for the student's own loader: 50 ms more per batch with the
-    # slower one (a direct measure; throughput at the tiny scale is too noisy to show it on
-    # every rung). The faster rungs, 02 and 03, also show it in throughput, and so does 06.
+    # slower one, a direct measure. A rung's throughput at the tiny scale (the median of 3 steps,
+    # measured in separate processes) is too noisy to assert on: one fresh-clone run measured
+    # 63.4 against 57.1 samples/s at 02, where the 50 ms should give about 46. 06's end-to-end
+    # figure is a paired comparison, and shows it.
     for stage in ("02-data", "03-amp"):
         assert wait["slow-loader"][stage] > wait["reference"][stage] + 30, (stage, wait)
-    for stage in ("02-data", "03-amp"):
-        assert rate["slow-loader"][stage] < 0.9 * rate["reference"][stage], (stage, rate)
     assert end_to_end["slow-loader"] < 0.9 * end_to_end["reference"], end_to_end
 
 
