@@ -8,7 +8,7 @@ they follow the masters whenever the lab changes:
 - ``unchanged``: the release as handed out.
 - ``hardcoded``: prints and stores excellent numbers without doing the work (02 returns the naive
   loader, 03 trains in fp32, 05 does not compile).
-- ``wrong-but-fast``: fast answers that are wrong (02 drops a batch per epoch, 03 skips backward,
+- ``wrong-but-fast``: fast answers that are wrong (02 drops a batch per epoch after the first, 03 skips backward,
   04 accumulates without scaling the loss).
 - ``monkeypatch``: no solutions, but a cell replaces labsupport's timing and grading functions
   (``measure.compare``, ``grading.judge``, ``checks.run``, ``check``) with ones that say pass.
@@ -18,6 +18,15 @@ they follow the masters whenever the lab changes:
   pass.
 - ``slow-loader``: the reference with a correct but slower 02 loader, 04 and 05 not submitted.
 - ``reuse``: answers reused from where they used to ship.
+- ``shortcuts``: each does less than the check times, and passed the checks before their
+  correctness partners covered what is measured (02 decodes its training images at half
+  resolution and resizes them up, 03 trains only the last layer, 04 runs one full batch whatever
+  ``micro_batches`` says, 05 compiles a decoy and returns the eager model).
+- ``honest-bugs``: mistakes a real student makes (02 shuffles labels with their own permutation,
+  03 forgets ``scaler.update()``, 04 checkpoints without freezing BatchNorm's statistics in the
+  recomputation).
+- ``patched-baseline``: the reference 02, plus a cell that slows ``PIL.Image.open``, which the
+  naive loader (the baseline of the speedup) reads every image with.
 - the attacks on the grader in ``attacks.py``: ``hostile``, ``cheater``, ``outsider``, ``filler``,
   ``sleeper``.
 """
@@ -46,6 +55,22 @@ def _insert_after(nb, grade_id: str, source: str) -> None:
     """Add a new code cell after the cell ``grade_id`` (students can add cells anywhere)."""
     index = nb.cells.index(_by_id(nb, grade_id))
     nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source))
+
+
+def _replace(source: str, old: str, new: str) -> str:
+    """``source`` with ``old`` replaced; an error if the master no longer contains ``old``."""
+    if old not in source:
+        raise ValueError(f"the master's solution changed: {old!r} is not in it; update tests/scenarios.py")
+    return source.replace(old, new, 1)
+
+
+# A cell that slows the naive loader, the baseline of 02's speedup, in the student's kernel: the
+# dataset's ImageFolder opens every image with PIL.Image.open.
+PATCH_BASELINE = (
+    "import time\n\nimport PIL.Image\n\n_open = PIL.Image.open\n\n\n"
+    "def _slow_open(*args, **kwargs):  # the naive loader slower, my loader's speedup larger\n"
+    "    time.sleep(0.01)\n    return _open(*args, **kwargs)\n\n\n"
+    "PIL.Image.open = _slow_open\n")
 
 
 def reference(release: dict, masters: dict) -> dict:
@@ -92,11 +117,13 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
         _insert_after(nbs["02_data_loading"], "make_fast_loader", (
             "_honest_loader = make_fast_loader\n\n\n"
             'def make_fast_loader(lab, split="train", augment=True):\n'
-            '    """Faster: it skips the first batch of every epoch."""\n'
+            '    """Faster: after its first epoch (the one that used to be checked), it skips a batch."""\n'
             "    loader = _honest_loader(lab, split, augment)\n\n"
             "    class Dropping:\n"
-            "        def __len__(self):\n            return len(loader) - 1\n\n"
-            "        def __iter__(self):\n            it = iter(loader)\n            next(it)\n"
+            "        epochs = 0\n\n"
+            "        def __len__(self):\n            return len(loader)\n\n"
+            "        def __iter__(self):\n            self.epochs += 1\n            it = iter(loader)\n"
+            "            if self.epochs > 1:\n                next(it)\n"
             "            yield from it\n"
             "    return Dropping()"))
         _by_id(nbs["03_amp"], "amp_train_step").source = (
@@ -188,13 +215,71 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
         _by_id(nbs["06_report"], "assemble_ladder").source = (
             "def assemble_ladder(frame):\n    return ls.report.ladder_from_frame(frame)\n")
         return nbs
+    if scenario == "shortcuts":
+        nbs = {n: ref[n] for n in ("02_data_loading", "03_amp", "04_checkpointing", "05_compile")}
+        cell = _by_id(nbs["02_data_loading"], "make_fast_loader")
+        cell.source = _replace(cell.source, "self.images, self.labels = ls.pipeline.decode_once(split, size=size)\n", (
+            "self.images, self.labels = ls.pipeline.decode_once(split, size=size)\n"
+            "            if split == \"train\":  # training images at half resolution: a quarter of the pixels to decode\n"
+            "                half = ls.pipeline.decode_once(split, size=lab.profile.image_size // 2)[0]\n"
+            "                self.images = torch.nn.functional.interpolate(\n"
+            "                    half.float(), size=lab.profile.image_size, mode=\"bilinear\").round().clamp(0, 255).byte()\n"))
+        cell = _by_id(nbs["03_amp"], "amp_train_step")
+        cell.source = _replace(cell.source, "    optimizer.zero_grad(set_to_none=True)\n", (
+            "    optimizer.zero_grad(set_to_none=True)\n"
+            "    for name, p in model.named_parameters():  # only the classifier learns: a cheaper backward\n"
+            "        p.requires_grad_(name.startswith(\"fc.\"))\n"))
+        _by_id(nbs["04_checkpointing"], "accumulate_step").source = (
+            "def accumulate_step(model, optimizer, images, labels, micro_batches):\n"
+            "    optimizer.zero_grad(set_to_none=True)\n"
+            "    loss = F.cross_entropy(model(images), labels)  # the micro-batches' gradients, in one pass\n"
+            "    loss.backward()\n    optimizer.step()\n    return loss.detach()\n")
+        _by_id(nbs["05_compile"], "compile_inference").source = (
+            "import torch\n\n\ndef compile_inference(model):\n"
+            "    decoy = torch.compile(lambda x: torch.relu(x) * 2)\n"
+            "    decoy(torch.randn(8))  # Dynamo captures a graph, so something was compiled\n"
+            "    return model\n")
+        return nbs
+    if scenario == "honest-bugs":
+        nbs = {n: ref[n] for n in ("02_data_loading", "03_amp", "04_checkpointing")}
+        cell = _by_id(nbs["02_data_loading"], "make_fast_loader")
+        cell.source = _replace(cell.source, "labels = self.labels.index_select(0, idx)",
+                               "labels = self.labels.index_select(0, label_order[i * b:(i + 1) * b])")
+        cell.source = _replace(cell.source, "            for i in range(len(self)):\n", (
+            "            label_order = torch.randperm(n, generator=self.order) if self.shuffle else torch.arange(n)\n"
+            "            for i in range(len(self)):\n"))
+        cell = _by_id(nbs["03_amp"], "amp_train_step")
+        cell.source = _replace(cell.source, "    scaler.update()\n", "")
+        cell = _by_id(nbs["04_checkpointing"], "checkpointed")
+        imports, _ = cell.source.split("def checkpointed(", 1)
+        cell.source = imports + (
+            "def checkpointed(model, segments):\n"
+            "    class Checkpointed(nn.Module):\n"
+            "        def __init__(self):\n"
+            "            super().__init__()\n"
+            "            self.model = model\n"
+            "            units = [nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool),\n"
+            "                     *model.layer1, *model.layer2, *model.layer3, *model.layer4]\n"
+            "            bounds = np.linspace(0, len(units), segments + 1).round().astype(int)\n"
+            "            self.segments = [nn.Sequential(*units[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]\n\n"
+            "        def forward(self, x):\n"
+            "            for segment in self.segments:  # BatchNorm updates its statistics again when recomputed\n"
+            "                x = checkpoint(segment, x, use_reentrant=False)\n"
+            "            return model.fc(torch.flatten(model.avgpool(x), 1))\n\n"
+            "    return Checkpointed()\n")
+        return nbs
+    if scenario == "patched-baseline":
+        nbs = {"02_data_loading": ref["02_data_loading"]}
+        _insert_after(nbs["02_data_loading"], "make_fast_loader", PATCH_BASELINE)
+        return nbs
     if scenario in attacks.ATTACKS:
         return attacks.build(scenario, ref, plain)
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
 SCENARIOS = ("reference", "unchanged", "hardcoded", "wrong-but-fast", "monkeypatch", "crash",
-             "infinite-loop", "tampered", "reuse", "slow-loader") + attacks.ATTACKS
+             "infinite-loop", "tampered", "reuse", "slow-loader", "shortcuts", "honest-bugs",
+             "patched-baseline") + attacks.ATTACKS
 
 
 def write(scenario: str, release_dir: Path, masters_dir: Path, folder: Path) -> list[Path]:

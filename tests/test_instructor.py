@@ -83,12 +83,32 @@ LOSES = {
     "filler": {"01_profile": set(POINTS["01_profile"])},
     # stopped at the notebook's wall-clock budget, before its checks ran.
     "sleeper": {"01_profile": set(POINTS["01_profile"])},
+    # Correctness partners that cover what is measured (issue 17): each shortcut fails the check
+    # that times it, and only that one. 02's half-resolution training images match no dataset
+    # image at the profile's size; 03's step leaves 60 of 62 weight tensors unchanged, which
+    # every 03 check needs; 04's one full-batch forward shows no micro-batches (its checkpointing
+    # is the reference's); 05's eager model fires a forward hook in the timed calls (its
+    # break_even_steps is right).
+    "shortcuts": {"02_data_loading": set(POINTS["02_data_loading"]), "03_amp": set(POINTS["03_amp"]),
+                  "04_checkpointing": {"test_accumulation"}, "05_compile": {"test_compile_speedup"}},
+    # A real student's mistakes: labels shuffled apart from their images (02), no scaler.update()
+    # (only the float16 check uses an enabled GradScaler, and its second step raises), BatchNorm
+    # statistics updated twice by the recomputation (every 04 check partnered with the gradient
+    # and statistics match; accumulation does not checkpoint and keeps its points).
+    "honest-bugs": {"02_data_loading": set(POINTS["02_data_loading"]), "03_amp": {"test_fp16_scaler"},
+                    "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"}},
+    # The kernel's slowed PIL.Image.open never reaches the grader's baseline: full marks for a
+    # correct loader, and the grader's speedup is the honest one (asserted below).
+    "patched-baseline": {},
     "reuse": {"02_data_loading": set(POINTS["02_data_loading"]),
               "03_amp": {"test_accuracy", "test_amp_speedup", "test_activation_memory"},
               "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"},
               "05_compile": set(POINTS["05_compile"]), "06_report": set(POINTS["06_report"])},
 }
 SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
+           "shortcuts": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile"},
+           "honest-bugs": {"02_data_loading", "03_amp", "04_checkpointing"},
+           "patched-baseline": {"02_data_loading"},
            "wrong-but-fast": {"02_data_loading", "03_amp", "04_checkpointing"},
            "monkeypatch": {"02_data_loading"}, "crash": {"01_profile"},
            "infinite-loop": {"01_profile"}, "tampered": {"02_data_loading"},
@@ -100,8 +120,9 @@ SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
 # wrong code is graded on its own in tests/test_checks.py (hardcoded 05's uncompiled model:
 # test_05_break_even_and_outputs...; wrong-but-fast 03's missing backward and 04's unscaled
 # accumulation: test_03_step_that_skips_backward_fails, test_04_accumulation_...; reuse 03 and 04
-# call what 02 shows gone), and hardcoded 05 at the real profile below.
-NOT_HANDED_IN = {"hardcoded": ("05_compile",), "wrong-but-fast": ("03_amp", "04_checkpointing"),
+# call what 02 shows gone), and hardcoded 02 and 05 at the real profile below (hardcoded 02, the
+# naive loader, is correct and only slow, which the tiny profile does not grade).
+NOT_HANDED_IN = {"hardcoded": ("02_data_loading", "05_compile"), "wrong-but-fast": ("03_amp", "04_checkpointing"),
                  "reuse": ("03_amp", "04_checkpointing")}
 LOOP_TIMEOUT_S = 25  # the per-cell limit for the batch with the infinite loop
 SLEEPER_BUDGET_S = 45  # the wall clock of one notebook in the sleeper's batch
@@ -264,6 +285,24 @@ def test_the_ladder_is_the_students_own(graded):
     for stage in ("02-data", "03-amp"):
         assert wait["slow-loader"][stage] > wait["reference"][stage] + 30, (stage, wait)
     assert end_to_end["slow-loader"] < 0.9 * end_to_end["reference"], end_to_end
+
+
+def test_a_library_patched_in_the_kernel_does_not_reach_the_graders_baseline(graded):
+    """patched-baseline's kernel slowed PIL.Image.open, which the naive loader reads every image
+    with: its own speedup came out inflated. The grader's, measured in the verdict process, did
+    not: it is of the reference's order (both correct loaders, measured the same way)."""
+    import json
+
+    def speedup(store: Path) -> float:
+        rows = json.loads((store / "checks" / "02.json").read_text())
+        return float(next(r["measured"] for r in rows if r["check"] == "02-loader-speedup"))
+
+    root = graded["root"]
+    kernel = speedup(root / "sandbox" / "patched-baseline" / "results")
+    grader, reference = speedup(root / "results" / "patched-baseline"), speedup(root / "results" / "reference")
+    print(f"02 loader speedup: kernel {kernel:.2f}x, grader {grader:.2f}x, reference (grader) {reference:.2f}x")
+    assert grader < 0.7 * kernel, (kernel, grader)
+    assert 0.5 * reference < grader < 2 * reference, (grader, reference)
 
 
 def test_every_notebook_of_every_submission_has_feedback(graded):

@@ -131,8 +131,12 @@ def paired_with_sources(loader, sources: torch.Tensor, labels: torch.Tensor,
 class EpochRecorder:
     """A loader that remembers what it yielded, epoch by epoch, without slowing the loop down.
 
-    Wraps the loader a speed check times: labels are kept as the tensors yielded (no copy, no
-    device synchronisation) and checked afterwards with :meth:`problems`. Used by: the 02 check.
+    Wraps the loader a speed check times: each epoch's labels are copied, on their own device
+    and without a synchronisation, into one buffer allocated when the epoch starts, and checked
+    afterwards with :meth:`problems`. One buffer, not the yielded tensors: keeping 150 small
+    label tensors alive made each epoch of 02's reference loader 30% slower (0.66 s to 0.87 s at
+    64 px, class cpu; the allocator can no longer hand a freed batch's memory back).
+    Used by: the 02 check.
     """
 
     def __init__(self, loader):
@@ -142,12 +146,19 @@ class EpochRecorder:
         return len(self.loader)
 
     def __iter__(self):
-        labels = []
-        self.epochs.append(labels)
+        self.epochs.append(None)
         self.complete.append(False)
+        buffer, used = None, 0
         for x, y in self.loader:
             self.kinds.add((tuple(x.shape[1:]), x.dtype))
-            labels.append(y)
+            y_flat = y.reshape(-1)
+            if buffer is None:
+                buffer = y_flat.new_empty((len(self.loader) + 1) * y_flat.numel())
+            if used + y_flat.numel() > buffer.numel():  # more than len() promised: grow
+                buffer = torch.cat([buffer, y_flat.new_empty(max(buffer.numel(), y_flat.numel()))])
+            buffer[used:used + y_flat.numel()].copy_(y_flat, non_blocking=True)
+            used += y_flat.numel()
+            self.epochs[-1] = buffer[:used]
             yield x, y
         self.complete[-1] = True
 
@@ -160,7 +171,7 @@ class EpochRecorder:
         expected = torch.as_tensor(expected).flatten()
         counts = torch.bincount(expected)
         for n, (labels, complete) in enumerate(zip(self.epochs, self.complete), 1):
-            seen = torch.cat([y.cpu().flatten() for y in labels]) if labels else expected[:0]
+            seen = expected[:0] if labels is None else labels.cpu()
             if complete:
                 ok, why = same_epoch_labels(expected, seen, batch_size)
                 if not ok:
