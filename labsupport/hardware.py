@@ -27,6 +27,7 @@ import dataclasses
 import os
 import platform
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,11 +140,66 @@ def pick_device() -> torch.device:
         if forced == "mps" and not torch.backends.mps.is_available():
             raise RuntimeError("LAB_DEVICE=mps but MPS is not available; unset LAB_DEVICE.")
         return torch.device(forced)
-    if torch.cuda.is_available():
+    problem = gpu_problem()
+    if problem:
+        warnings.warn(problem, LabWarning, stacklevel=2)
+    elif torch.cuda.is_available():
         return torch.device("cuda")
     if torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+class LabWarning(UserWarning):
+    """Something about this machine that changes what the lab measures (Used by: pick_device)."""
+
+
+def _nvidia_gpu_present() -> bool:
+    """True if the NVIDIA driver lists a GPU (Linux), whether or not torch can use it."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def _runs_on(capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """True if a torch built for ``arch_list`` (``torch.cuda.get_arch_list()``) has kernels for a GPU
+    of ``capability``: a cubin of the same major version and an equal or lower minor one, or PTX of
+    an equal or lower version, which the driver compiles for it."""
+    major, minor = capability
+    for arch in arch_list:
+        kind, _, number = arch.partition("_")
+        digits = "".join(ch for ch in number if ch.isdigit())  # sm_90a -> 90
+        if not digits:
+            continue
+        have = (int(digits[:-1]), int(digits[-1]))
+        if (kind == "sm" and have[0] == major and have[1] <= minor) or (kind == "compute" and have <= capability):
+            return True
+    return False
+
+
+def gpu_problem() -> str | None:
+    """Why an NVIDIA GPU on this machine is not used by torch, or None (no GPU, or a usable one).
+
+    A GPU that torch cannot use is said, not silently replaced by a CPU class: a CPU-only torch
+    build, a driver too old for the build's CUDA, or a GPU older than the build supports (the
+    default CUDA 13 wheels start at compute capability 7.5). Used by: pick_device.
+    """
+    if torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability(0)
+        arch_list = torch.cuda.get_arch_list()
+        if arch_list and not _runs_on(capability, arch_list):
+            return (f"{torch.cuda.get_device_name(0)} (compute capability {capability[0]}.{capability[1]}) is older "
+                    f"than this torch build supports ({' '.join(arch_list)}), so the lab runs on the CPU. To use "
+                    "the GPU, install a torch build for it, e.g. pip install torch torchvision --index-url "
+                    "https://download.pytorch.org/whl/cu126")
+        return None
+    if not _nvidia_gpu_present():
+        return None
+    if torch.version.cuda is None:
+        why = f"this torch ({torch.__version__}) is a CPU-only build"
+    else:
+        why = (f"torch {torch.__version__} (built for CUDA {torch.version.cuda}) cannot start it: the NVIDIA "
+               "driver may be older than that CUDA needs (nvidia-smi shows the driver's CUDA version)")
+    return f"An NVIDIA GPU is installed but {why}, so the lab runs on the CPU."
 
 
 def _cpu_flags_and_model() -> tuple[set[str], str]:
@@ -229,6 +285,19 @@ def describe_machine(device: torch.device | None = None) -> Machine:
         python_version=platform.python_version(),
         platform=platform.platform(),
     )
+
+
+def compile_problem(machine: Machine) -> str | None:
+    """Why ``torch.compile``'s default backend cannot run on this machine, or None if it can.
+
+    Inductor generates GPU kernels with Triton, which needs compute capability 7.0 or newer: on an
+    older GPU (class ``cuda``, a P100 say) the first compiled call raises. Used by: 05's check and
+    notebook 05, which then measure eager only and say why.
+    """
+    if machine.device == "cuda" and int(str(machine.compute_capability or "0").split(".")[0]) < 7:
+        return (f"{machine.device_name} has compute capability {machine.compute_capability}; torch.compile's "
+                "GPU kernels (Inductor, through Triton) need 7.0 or newer, so compile is not measured or graded here")
+    return None
 
 
 def profile_for(device_class: str, override: str | None = None) -> Profile:

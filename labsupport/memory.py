@@ -1,12 +1,17 @@
 """Memory you can compare across devices: peak bytes of a training step, and saved activations.
 
-- On CUDA, peak memory is ``torch.cuda.max_memory_allocated`` after a reset: the caching
-  allocator's own count of bytes handed to tensors.
-- On CPU (and MPS) there is no allocator counter, and process RSS mixes in the Python heap,
-  library code and pages the OS has not reclaimed. So :class:`TensorBytes` counts what torch
-  itself allocated: a ``TorchDispatchMode`` sees every tensor an op creates, adds its storage's
-  bytes, and subtracts them when the storage is freed (a ``weakref.finalize`` fires when the
-  C++ storage dies, because torch preserves a storage's Python object while C++ still owns it).
+- Peak bytes are counted the same way on every device, by :class:`TensorBytes`: a
+  ``TorchDispatchMode`` sees every tensor an op creates, adds its storage's bytes, and subtracts
+  them when the storage is freed (a ``weakref.finalize`` fires when the C++ storage dies, because
+  torch preserves a storage's Python object while C++ still owns it). Only storages allocated
+  inside the measured call count, and frees of tensors that existed before it (last step's
+  gradients, which ``zero_grad(set_to_none=True)`` drops) are not subtracted.
+- Why not the allocators' own counters: CUDA's ``max_memory_allocated`` minus the bytes
+  allocated at the start *does* subtract those frees, so a step that first drops last step's
+  gradients would peak lower on CUDA than on a CPU by the size of the gradients. A budget set as
+  a multiple of one step's peak (04's) would then mean different things on different devices. On
+  CPU there is no allocator counter at all (process RSS mixes in the Python heap, library code
+  and pages the OS has not reclaimed).
 - On any device, :func:`saved_activation_bytes` counts the bytes autograd keeps for backward,
   through ``torch.autograd.graph.saved_tensors_hooks``: the number activation checkpointing and
   mixed precision shrink.
@@ -77,25 +82,18 @@ class MemoryReport:
 
     peak_bytes: int  # most bytes allocated at once during the call, above what it started with
     retained_bytes: int  # bytes the call allocated and did not free (e.g. optimizer state)
-    method: str  # how the bytes were counted: "cuda-allocator" or "torch-dispatch"
+    method: str  # how the bytes were counted: "torch-dispatch" on every device
 
 
 def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryReport:
-    """Peak bytes torch allocates while ``fn()`` runs (Used by: notebooks 01-05).
+    """Peak bytes torch allocates on ``device`` while ``fn()`` runs (Used by: notebooks 01-05).
 
-    Run one warm-up call first, so one-off allocations (optimizer state) are not in the peak.
-    Off CUDA, a ``torch.compile``'d ``fn`` runs eagerly under the counting mode, so the count is
-    eager's, not the compiled code's (05 records the compiled step's peak on CUDA only).
+    Counted by :class:`TensorBytes` on every device, so a ratio or budget means the same thing on a
+    GPU as on a CPU. Run one warm-up call first, so one-off allocations (optimizer state) are not
+    in the peak. Not for a ``torch.compile``'d ``fn``: the counting mode sees ops, and compiled code
+    runs fused kernels instead (the ladder shows no peak for 05's compiled rung).
     """
     device = torch.device(device)
-    if device.type == "cuda":
-        sync(device)
-        start = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        sync(device)
-        peak = torch.cuda.max_memory_allocated(device) - start
-        return MemoryReport(peak, torch.cuda.memory_allocated(device) - start, "cuda-allocator")
     with TensorBytes(device.type) as counter:
         fn()
         sync(device)
@@ -147,15 +145,9 @@ def forward_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
     segment from :func:`saved_activation_bytes`, but not from the allocator (Used by: 04).
     """
     device = torch.device(device)
-    if device.type == "cuda":
-        sync(device)
-        start = torch.cuda.memory_allocated(device)
+    with TensorBytes(device.type) as counter:
         out = fn()
         sync(device)
-        held = torch.cuda.memory_allocated(device) - start
-    else:
-        with TensorBytes(device.type) as counter:
-            out = fn()
-        held = counter.live_bytes
+    held = counter.live_bytes
     del out
     return held

@@ -116,7 +116,7 @@ def measure_rung(stage: str, step, loader, lab, *, profile=None, progress: bool 
     phases = train.phase_breakdown(batches, step, steps=max(3, profile.measure_steps // 2), warmup=1,
                                    non_blocking=not naive)
     metrics = {**timing.summary(), "phases_ms": {p: float(pd.Series(v).median()) for p, v in phases.items()}}
-    if not (step.config.compiled and lab.device.type != "cuda"):
+    if not step.config.compiled:  # counted op by op (memory.TensorBytes): a compiled step's kernels are not ops
         x, y = step.to_device(*next(batches))
         metrics["peak_bytes"] = memory.peak_step_bytes(lambda: step(x, y), lab.device).peak_bytes
     metrics.update(extra, change=nb.change, builds_on=nb.builds_on)

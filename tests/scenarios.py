@@ -243,8 +243,8 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
     if scenario == "honest-bugs":
         nbs = {n: ref[n] for n in ("02_data_loading", "03_amp", "04_checkpointing")}
         cell = _by_id(nbs["02_data_loading"], "make_fast_loader")
-        cell.source = _replace(cell.source, "labels = self.labels.index_select(0, idx)",
-                               "labels = self.labels.index_select(0, label_order[i * b:(i + 1) * b])")
+        cell.source = _replace(cell.source, "self.gather(self.labels, idx)",
+                               "self.gather(self.labels, label_order[i * b:(i + 1) * b])")
         cell.source = _replace(cell.source, "            for i in range(len(self)):\n", (
             "            label_order = torch.randperm(n, generator=self.order) if self.shuffle else torch.arange(n)\n"
             "            for i in range(len(self)):\n"))

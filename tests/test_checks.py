@@ -17,6 +17,7 @@ import labsupport as ls
 from autograder import reference
 from labsupport import grading as checks
 from labsupport.hardware import describe_machine
+from conftest import requires_cuda
 
 
 
@@ -307,6 +308,29 @@ def test_04_missing_segments_choice_is_explained():
     assert result.status == "fail" and "from 1 to 9" in result.note
 
 
+@requires_cuda
+def test_02_reference_batches_are_copied_from_pinned_memory(monkeypatch):
+    """Every host-to-GPU copy the reference loader makes starts from page-locked memory, so it is
+    asynchronous: indexing a pinned cache would give pageable memory (checked here too)."""
+    cache = torch.zeros(8, 3, 4, 4, dtype=torch.uint8).pin_memory()
+    assert not cache.index_select(0, torch.tensor([1, 2])).is_pinned()  # why the loader gathers into pinned memory
+    lab = checks.grading_lab()
+    assert lab.device.type == "cuda"
+    sources, original = [], torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if self.device.type == "cpu" and out.device.type == "cuda":
+            sources.append(self.is_pinned())
+        return out
+
+    loader = solution("02")["make_fast_loader"](lab, split="train", augment=True)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    for images, labels in loader:
+        assert images.device.type == labels.device.type == "cuda"
+    assert sources and all(sources), f"{sources.count(False)} of {len(sources)} copies came from pageable memory"
+
+
 # 05 ------------------------------------------------------------------------------------------
 
 def test_05_break_even_and_outputs_are_checked_without_waiting_for_inductor():
@@ -369,3 +393,21 @@ def test_06_end_to_end_needs_the_whole_ladder():
     found = checks.run("06", ns, only=("06-end-to-end", "06-stages"))
     assert found["06-stages"].status == "fail" and "01_profile.ipynb" in found["06-stages"].note
     assert found["06-end-to-end"].status == "fail" and "ladder is incomplete" in found["06-end-to-end"].note
+
+
+def test_05_on_a_gpu_older_than_compute_capability_7_compile_is_na_and_not_attempted(monkeypatch):
+    """Class cuda (a P100, say): Inductor cannot build GPU kernels there. 05's speed check is n/a
+    with the reason, without calling compile_inference, and break_even_steps is still checked."""
+    import dataclasses
+
+    real = checks.grading_lab()
+    old_gpu = dataclasses.replace(real.machine, device="cuda", device_class="cuda", compute_capability="6.0",
+                                  device_name="Tesla P100-PCIE-16GB")
+    monkeypatch.setattr(checks, "grading_lab", lambda: dataclasses.replace(real, machine=old_gpu))
+    ns = solution("05", "break_even_steps")
+    ns["compile_inference"] = lambda model: (_ for _ in ()).throw(AssertionError("compile_inference was called"))
+    found = checks.run("05", ns)
+    assert found["05-compile-speedup"].status == "n/a" and "7.0 or newer" in found["05-compile-speedup"].note
+    assert found["05-break-even"].status == "pass", found["05-break-even"]
+    ns["break_even_steps"] = lambda c, e, k: c / (e - k)
+    assert checks.run("05", ns, only=("05-break-even",))["05-break-even"].status == "fail"

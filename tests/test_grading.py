@@ -181,3 +181,41 @@ def test_a_graded_function_that_patches_a_library_fails_and_cannot_change_the_ti
     assert found.status == "fail" and "time.perf_counter" in found.note and "PIL.Image.open" in found.note
     assert time.perf_counter is real_clock and PIL.Image.open is real_open
     assert seen["one_off_s"] > 0  # measured with the real clock, although the fake one was in place
+
+
+SPAWNED_CHECKS = r'''
+import multiprocessing as mp
+import sys
+
+if __name__ == "__main__":
+    # What macOS and Windows do: DataLoader workers are new processes that unpickle what they run.
+    mp.set_start_method("spawn", force=True)
+    from autograder import reference
+    from labsupport import grading
+
+    fresh = grading.fresh()  # as a notebook's "Check your work" cell measures
+    images, _ = fresh.pipeline.decode_once("val", size=32, workers=2, progress=False)
+    found = fresh.grading.run("03", reference.namespace("03"), only=["03-accuracy-gap"], keep=False)
+    print(fresh.__name__, tuple(images.shape), found["03-accuracy-gap"].status, found["03-accuracy-gap"].note)
+'''
+
+
+def test_checks_that_start_dataloader_workers_run_under_spawn(tmp_path, tiny_data):
+    """decode_once's workers (03's accuracy check, 06's end to end, the reference loader) unpickle
+    the dataset's loader function by the installed package's name, not by the private copy's
+    (grading.fresh), which a spawned process cannot import."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    checkout = Path(__file__).resolve().parents[1]
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED_CHECKS)
+    env = {**os.environ, "LAB_DATA": str(tiny_data), "LAB_PROFILE": "tiny", "LAB_RESULTS": str(tmp_path / "results"),
+           "PYTHONPATH": str(checkout)}
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "_labsupport_graded_" in run.stdout and "(20, 3, 32, 32)" in run.stdout, run.stdout
+    assert " fail " not in run.stdout, run.stdout

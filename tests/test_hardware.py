@@ -100,3 +100,62 @@ def test_setup_returns_device_machine_and_profile(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert lab.profile.name == "tiny" and lab.seed == 3
     assert "device_class" in out and "image_size" in out
+
+
+def test_a_gpu_torch_cannot_use_is_reported_not_silently_replaced(monkeypatch):
+    """A GPU older than the torch build supports, or one the build cannot start, is named in a
+    warning that says how to use it; the lab then runs on the CPU (or MPS)."""
+    import warnings
+
+    from labsupport import hardware
+
+    monkeypatch.delenv("LAB_DEVICE", raising=False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    # A P100 (6.0) with the default CUDA 13 wheels (sm_75 and newer).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla P100-PCIE-16GB")
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"])
+    with pytest.warns(hardware.LabWarning, match=r"Tesla P100.*6\.0.*older than this torch build.*cu126"):
+        assert hardware.pick_device().type == "cpu"
+    # An A10 (8.6) runs the sm_80 kernels: used, nothing said.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hardware.pick_device().type == "cuda"
+    # A GPU the driver lists, and a torch that cannot start it.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(hardware, "_nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.warns(hardware.LabWarning, match="NVIDIA GPU is installed but torch .* cannot start it"):
+        assert hardware.pick_device().type == "cpu"
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.warns(hardware.LabWarning, match="CPU-only build"):
+        assert hardware.pick_device().type == "cpu"
+
+
+@pytest.mark.parametrize("capability, arch_list, runs", [
+    ((7, 5), ["sm_75", "sm_80"], True), ((8, 6), ["sm_80"], True), ((8, 9), ["sm_80", "sm_90"], True),
+    ((7, 0), ["sm_75", "sm_80"], False), ((6, 1), ["sm_50", "sm_60", "sm_70"], True),
+    ((12, 0), ["sm_80", "sm_90", "compute_90"], True), ((12, 0), ["sm_80", "sm_90a"], False)])
+def test_which_gpus_a_torch_build_runs_on(capability, arch_list, runs):
+    from labsupport import hardware
+
+    assert hardware._runs_on(capability, arch_list) is runs
+
+
+def test_compile_is_not_graded_on_gpus_older_than_compute_capability_7():
+    """Inductor's GPU kernels need Triton, which needs compute capability 7.0: on class cuda 05's
+    check says so (n/a, without compiling), and its bar is n/a there."""
+    import dataclasses
+
+    from labsupport import grading, hardware
+
+    machine = hardware.describe_machine(torch.device("cpu"))
+    old = dataclasses.replace(machine, device="cuda", device_class="cuda", device_name="Tesla P100-PCIE-16GB",
+                              compute_capability="6.0")
+    assert "need 7.0 or newer" in hardware.compile_problem(old)
+    assert hardware.compile_problem(dataclasses.replace(old, device_class="cuda-tensorcore",
+                                                        compute_capability="7.5")) is None
+    assert hardware.compile_problem(machine) is None
+    assert grading.threshold_for("05-compile-speedup", old.as_dict())[0] is None
