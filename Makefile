@@ -16,7 +16,8 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps -e .
+	@# setuptools' editable build prints a BuildBackendWarning that reads as a fault; it is not
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
 run: $(STAMP)

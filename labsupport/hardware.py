@@ -289,6 +289,28 @@ def describe_machine(device: torch.device | None = None) -> Machine:
     )
 
 
+# The oldest torch whose APIs the lab uses, per device type, and why. requirements.txt and
+# pyproject.toml ask for the highest of them (a test holds them to it); setup() warns on an older torch
+# (Colab and clusters come with their own).
+TORCH_FLOORS: dict[str, tuple[tuple[int, int], str]] = {
+    "cpu": ((2, 9), "TF32 off through torch.backends' fp32_precision settings (03, 04 gradient checks)"),
+    "cuda": ((2, 9), "the fp32_precision settings (TF32 is on by default on Ampere and newer)"),
+    "mps": ((2, 9), "float16 autocast on MPS (2.5), a GradScaler that runs on MPS (no float64), Inductor's "
+                    "MPS backend, and the fp32_precision settings"),
+}
+
+
+def torch_problem(device_type: str, version: str | None = None) -> str | None:
+    """Why this torch is too old for the lab on ``device_type``, or None (Used by: setup)."""
+    version = version or torch.__version__
+    found = tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:2])
+    floor, why = TORCH_FLOORS[device_type]
+    if found < floor:
+        return (f"torch {version} is older than the lab needs on {device_type} (torch {floor[0]}.{floor[1]} or "
+                f"newer: {why}); run pip install -U 'torch>={floor[0]}.{floor[1]}' torchvision")
+    return None
+
+
 def compile_problem(machine: Machine) -> str | None:
     """Why ``torch.compile``'s default backend cannot run on this machine, or None if it can.
 
@@ -346,6 +368,22 @@ class Lab:
             print(pd.Series(dataclasses.asdict(self.profile), name="profile").to_string())
 
 
+def quiet_library_logs(device: torch.device) -> None:
+    """Silence library log lines that read as faults and are not (Used by: setup).
+
+    - The profiler's kineto prints "USDT: profiler_start" lines on every run, and on a machine
+      without a GPU "ERROR: gpuGetDeviceCount failed". ``KINETO_LOG_LEVEL`` (read when a profile
+      starts) above its highest level turns them off; set it yourself, to 0 say, to see them.
+    - Off CUDA, Inductor's C++ build imports ``torch.utils.cpp_extension``, which warns "No CUDA
+      runtime is found" on the CUDA build of torch: true, and expected on a CPU.
+    """
+    import logging
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    if device.type != "cuda":
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
 def setup(seed: int = 0, show: bool = True) -> Lab:
     """Pick the device, describe the machine, choose the profile and seed RNGs (Used by: 01-06)."""
     from .paths import use_drive_in_colab
@@ -353,6 +391,10 @@ def setup(seed: int = 0, show: bool = True) -> Lab:
 
     use_drive_in_colab()  # Colab: results, data and report in a Google Drive folder
     device = pick_device()
+    quiet_library_logs(device)
+    problem = torch_problem(device.type)
+    if problem:
+        warnings.warn(problem, LabWarning, stacklevel=2)
     machine = describe_machine(device)
     lab = Lab(device, machine, profile_for(machine.device_class), seed)
     seed_everything(seed)

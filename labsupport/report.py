@@ -32,8 +32,8 @@ COLUMNS = ("samples/s", "speedup (cumulative)", "speedup (this rung)", "peak MiB
 # Why some cells of the ladder are empty, and why +compile sits beside +memory (printed under the
 # table by `make run` and in the report).
 LADDER_NOTE = ("Each rung adds one change to the rung it builds on; +compile builds on +AMP, since "
-               "torch.compile cannot trace 04's checkpointing. Peak memory is counted on every rung "
-               "except a compiled step off CUDA, where the counting runs it eagerly. Accuracy comes "
+               "torch.compile cannot trace 04's checkpointing. Peak memory is counted op by op on every "
+               "rung except the compiled one, whose fused kernels are not ops. Accuracy comes "
                "from 03's training run, fp32 against 16-bit; 04 and 05 check correctness by "
                "comparing gradients and outputs instead.")
 

@@ -159,3 +159,39 @@ def test_compile_is_not_graded_on_gpus_older_than_compute_capability_7():
                                                         compute_capability="7.5")) is None
     assert hardware.compile_problem(machine) is None
     assert grading.threshold_for("05-compile-speedup", old.as_dict())[0] is None
+
+
+def test_the_torch_floor_is_right_per_platform():
+    """requirements.txt and pyproject.toml ask for the newest torch any device type needs, and an
+    older torch is named with what it lacks on that device."""
+    import re
+
+    from labsupport import hardware
+
+    checkout = Path(__file__).resolve().parents[1]
+    need = max(floor for floor, _ in hardware.TORCH_FLOORS.values())
+    for name in ("requirements.txt", "pyproject.toml"):
+        asked = re.search(r"torch>=(\d+)\.(\d+)", (checkout / name).read_text())
+        assert asked and (int(asked[1]), int(asked[2])) >= need, name
+    assert "MPS" in hardware.torch_problem("mps", "2.5.1") and "2.9" in hardware.torch_problem("mps", "2.5.1")
+    assert hardware.torch_problem("cuda", "2.8.0+cu128") is not None
+    assert hardware.torch_problem("cpu", "2.14.1+cu130") is None
+    assert hardware.torch_problem("cpu", torch.__version__) is None
+
+
+def test_bf16_means_native_bf16_on_a_gpu(monkeypatch):
+    """A T4 (7.5) "supports" bf16 through emulation: Machine.bf16 asks for native support only,
+    so choose_precision does not pick a slow bf16 there."""
+    from labsupport import hardware
+
+    asked = []
+
+    def is_bf16_supported(including_emulation=True):
+        asked.append(including_emulation)
+        return including_emulation  # a T4: emulated only
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    machine = hardware.describe_machine(torch.device("cuda"))
+    assert machine.device_class == "cuda-tensorcore" and machine.bf16 is False and asked == [False]

@@ -305,6 +305,18 @@ def test_a_library_patched_in_the_kernel_does_not_reach_the_graders_baseline(gra
     assert 0.5 * reference < grader < 2 * reference, (grader, reference)
 
 
+def test_the_reference_notebooks_print_no_library_noise(graded):
+    """What a newcomer would read as a fault, and is not: kineto's USDT and gpuGetDeviceCount lines
+    (01's profiler), the CUDA build's "No CUDA runtime" warning (05's compile on a CPU), jupyter's
+    TCP warning. ls.setup() quiets the first two; grading's kernels talk over ipc."""
+    noise = ("USDT:", "gpuGetDeviceCount", "No CUDA runtime", "running over TCP")
+    for path in sorted((graded["root"] / "autograded" / "reference" / "lab").glob("*.ipynb")):
+        text = "\n".join(str(output) for cell in nbformat.read(path, as_version=4).cells
+                         for output in cell.get("outputs", []))
+        found = [n for n in noise if n in text]
+        assert not found, f"{path.name} printed {found}"
+
+
 def test_every_notebook_of_every_submission_has_feedback(graded):
     root = graded["root"]
     for scenario in GRADED:
