@@ -7,7 +7,7 @@ laptop CPU, a Colab T4 and an A100 alike while each notebook stays inside its ti
 Device classes (see ``../shared/design.md``):
 
 =================  ==========================================================================
-``cuda-tensorcore``  NVIDIA GPU with compute capability 7.0 or newer (tensor cores: fp16 AMP pays)
+``cuda-tensorcore``  NVIDIA GPU with compute capability 7.0 or newer (tensor cores: 16-bit AMP pays; bf16 from Ampere on)
 ``cuda``             older NVIDIA GPU
 ``mps``              Apple silicon GPU
 ``cpu-bf16``         CPU with AMX or AVX-512 BF16 units (bf16 autocast pays when convolutions are big)
