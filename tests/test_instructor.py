@@ -125,9 +125,19 @@ SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
 NOT_HANDED_IN = {"hardcoded": ("02_data_loading", "05_compile"), "wrong-but-fast": ("03_amp", "04_checkpointing"),
                  "reuse": ("03_amp", "04_checkpointing")}
 LOOP_TIMEOUT_S = 25  # the per-cell limit for the batch with the infinite loop
-SLEEPER_BUDGET_S = 45  # the wall clock of one notebook in the sleeper's batch
+SLEEPER_BUDGET_S = 30  # the wall clock of one notebook in the sleeper's batch (it sleeps 20 s a cell)
 NO_SANDBOX = sandbox.problem()
-GRADED = tuple(s for s in scenarios.SCENARIOS if not (NO_SANDBOX and s in attacks.ATTACKS))
+# Scenarios left out of the batch, to keep make test under 30 minutes, with where their point is
+# proven instead.
+OUT_OF_BATCH = {
+    "hardcoded": "graded at the real profile (test_hardcoded_answers_fail_the_speed_checks_at_the_real_"
+                 "profile); at the tiny profile its 02 is a correct slow loader and its 03's missing autocast "
+                 "is test_grading's fp16-without-a-scaler case",
+    "monkeypatch": "verdicts run outside the kernel, so a labsupport function patched there is never called "
+                   "by the grader (cheater and patched-baseline bend the kernel's side, and are graded here)",
+}
+GRADED = tuple(s for s in scenarios.SCENARIOS
+               if s not in OUT_OF_BATCH and not (NO_SANDBOX and s in attacks.ATTACKS))
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
@@ -239,6 +249,8 @@ def test_collect_rejects_unknown_and_unreadable_notebooks(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", scenarios.SCENARIOS)
 def test_scenario_scores_exactly(graded, scenario):
+    if scenario in OUT_OF_BATCH:
+        pytest.skip(f"not graded in this batch: {OUT_OF_BATCH[scenario]}")
     if scenario not in GRADED:
         pytest.skip(f"an attack on the grader, graded only in its sandbox, and there is none here: {NO_SANDBOX}")
     got = {nb: _grade(graded, scenario, nb).score for nb in POINTS}
@@ -289,20 +301,25 @@ def test_the_ladder_is_the_students_own(graded):
 
 def test_a_library_patched_in_the_kernel_does_not_reach_the_graders_baseline(graded):
     """patched-baseline's kernel slowed PIL.Image.open, which the naive loader reads every image
-    with: its own speedup came out inflated. The grader's, measured in the verdict process, did
-    not: it is of the reference's order (both correct loaders, measured the same way)."""
+    with: the speedup its kernel measured (its check table, in the autograded notebook) came out
+    inflated. The grader's, measured in the verdict process, did not: it is of the reference's
+    order (both correct loaders, measured the same way)."""
     import json
+    import re
 
-    def speedup(store: Path) -> float:
-        rows = json.loads((store / "checks" / "02.json").read_text())
+    def grader(student: str) -> float:
+        rows = json.loads((graded["root"] / "results" / student / "checks" / "02.json").read_text())
         return float(next(r["measured"] for r in rows if r["check"] == "02-loader-speedup"))
 
-    root = graded["root"]
-    kernel = speedup(root / "sandbox" / "patched-baseline" / "results")
-    grader, reference = speedup(root / "results" / "patched-baseline"), speedup(root / "results" / "reference")
-    print(f"02 loader speedup: kernel {kernel:.2f}x, grader {grader:.2f}x, reference (grader) {reference:.2f}x")
-    assert grader < 0.7 * kernel, (kernel, grader)
-    assert 0.5 * reference < grader < 2 * reference, (grader, reference)
+    notebook = graded["root"] / "autograded" / "patched-baseline" / "lab" / "02_data_loading.ipynb"
+    cell = next(c for c in nbformat.read(notebook, as_version=4).cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == "graded_checks")
+    table = "\n".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+    kernel = float(re.search(r"02-loader-speedup\s+([0-9.]+)", table).group(1))
+    ours, reference = grader("patched-baseline"), grader("reference")
+    print(f"02 loader speedup: kernel {kernel:.2f}x, grader {ours:.2f}x, reference (grader) {reference:.2f}x")
+    assert ours < 0.7 * kernel, (kernel, ours)
+    assert 0.5 * reference < ours < 2 * reference, (ours, reference)
 
 
 def test_the_reference_notebooks_print_no_library_noise(graded):
