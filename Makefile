@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test data release browser sandbox clean
+.PHONY: run test data release browser sandbox slurm clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed: set PYTHON=python3.11")'
@@ -24,7 +24,7 @@ run: $(STAMP)
 	$(PY) -m labsupport data
 	$(PY) -m autograder run
 
-test: $(STAMP) browser sandbox
+test: $(STAMP) browser sandbox slurm
 	$(PY) -m pytest
 
 # The HTML report's test renders it in Debian's chromium. Install it when we can (root, apt); the
@@ -45,6 +45,18 @@ sandbox:
 	  && { apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null 2>&1 || { apt-get update -qq >/dev/null \
 	       && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null; }; }; } \
 	  || echo "bubblewrap is not installed: grading runs without a sandbox, and its tests are skipped (apt-get install bubblewrap)"
+
+# The cluster grading test (tests/test_instructor.py) starts a one-node Slurm cluster with two fake
+# GPUs from Debian's packages. Install them when we can (root, apt); the test skips visibly where
+# we cannot. Nothing is configured or started here: the test runs its own daemons and stops them.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+slurm:
+	@{ command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && echo "installing Slurm and munge (apt) for the cluster grading test" \
+	  && { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq >/dev/null \
+	       && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null; }; }; } \
+	  || echo "Slurm is not installed: the cluster grading test will be skipped (apt-get install $(SLURM_PACKAGES))"
 
 data: $(STAMP)
 	$(PY) -m labsupport data

@@ -71,12 +71,65 @@ def cmd_collect(args) -> int:
 
 
 def cmd_grade(args) -> int:
-    """``grade``: autograde, feedback, CSV exports and the summary."""
+    """``grade``: autograde, feedback, CSV exports and the summary; or, with ``--backend slurm``,
+    write (and with ``--submit`` submit) the class's Slurm job."""
     from . import grade
 
+    if args.backend == "slurm":
+        return _grade_on_slurm(args)
     grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout,
                          sandboxed=not args.no_sandbox)
     grade.print_summary(grades, args.course)
+    return 0
+
+
+def _grade_on_slurm(args) -> int:
+    from . import grade, slurm
+
+    job = args.job or slurm.job_dir(args.course)
+    if args.rerun:
+        tasks = slurm.unfinished(job)
+        if not tasks:
+            print(f"every task of {shown(job)} has a result: nothing to grade again.")
+            return 0
+        names = slurm.students_of(job)
+        print(f"{len(tasks)} task(s) to grade again: {', '.join(names[i] for i in tasks)}")
+    else:
+        if args.no_sandbox:
+            raise CourseError("--no-sandbox is for debugging the grader locally, not for a class on a cluster.")
+        students = grade.students_to_grade(args.course, args.student or None)
+        options = slurm.Options(partition=args.partition, constraint=args.constraint, exclusive=args.exclusive,
+                                max_running=args.max_running, cpus_per_task=args.cpus_per_task, time=args.time,
+                                calibrate_runs=None if args.no_calibrate else args.calibrate_runs,
+                                timeout_s=args.timeout)
+        job = slurm.write(args.course, students, options, job)
+        tasks = None
+        print(f"wrote {shown(job)}: submit.sh, calibrate.sbatch, grade.sbatch ({len(students)} tasks), merge.sbatch")
+    if args.submit:
+        print(slurm.submit(job, tasks))
+        print(f"when the merge job ends: {shown(args.course)}/grades.csv; logs in {shown(job)}/logs/")
+    else:
+        rerun = f" {','.join(map(str, tasks))}" if tasks else ""
+        print(f"submit with: bash {shown(job)}/submit.sh{rerun}   (or add --submit)")
+    return 0
+
+
+def cmd_grade_task(args) -> int:
+    """``grade-task``: one Slurm array task (grade.sbatch runs it): one student, privately."""
+    from . import slurm
+
+    record = slurm.run_task(args.course, args.job, args.student, timeout_s=args.timeout)
+    print(f"{args.student}: {record['status']}" + (f" ({record['error']})" if record.get("error") else ""))
+    return 0 if record["status"] == "graded" else 1
+
+
+def cmd_merge(args) -> int:
+    """``merge``: every task's grades into the gradebook; feedback, CSVs and the class report."""
+    from . import slurm
+
+    job = args.job or slurm.job_dir(args.course)
+    outcome = slurm.merge(args.course, job)
+    slurm.print_merge(outcome, args.course, job)
     return 0
 
 
@@ -168,7 +221,43 @@ def parser() -> argparse.ArgumentParser:
     gra.add_argument("--no-sandbox", action="store_true",
                      help="run students' notebooks without the sandbox (autograder/sandbox.py): for "
                           "debugging the grader only, since their code then runs with your rights")
+    gra.add_argument("--backend", choices=("local", "slurm"), default="local",
+                     help="local: grade here, one submission after another (default); slurm: write a "
+                          "job folder (autograder/slurm.py) that grades one submission per array task")
+    on = gra.add_argument_group("--backend slurm", "Where and how the array runs (see autograder/README.md).")
+    on.add_argument("--submit", action="store_true", help="submit the job (bash <job>/submit.sh); without it, "
+                                                          "only write it, to read and edit first")
+    on.add_argument("--rerun", action="store_true",
+                    help="grade again only the tasks that failed or left no result, then merge")
+    on.add_argument("--job", type=Path, default=None, help="the job folder (default: slurm/ in the course root)")
+    on.add_argument("--partition", default=None, help="the partition every task runs in")
+    on.add_argument("--constraint", default=None, help="a node feature every task needs (one GPU type)")
+    on.add_argument("--exclusive", action="store_true",
+                    help="a whole node per task (default: one whole GPU per task, --gres=gpu:1)")
+    on.add_argument("--max-running", type=int, default=8, help="tasks at once (default: %(default)s)")
+    on.add_argument("--cpus-per-task", type=int, default=None,
+                    help="CPUs each task gets beside its GPU (default: the partition's); the same for all")
+    on.add_argument("--time", default="03:00:00", help="Slurm time limit per task (default: %(default)s)")
+    on.add_argument("--calibrate-runs", type=int, default=3,
+                    help="runs of the calibration job that precedes the array (default: %(default)s)")
+    on.add_argument("--no-calibrate", action="store_true",
+                    help="submit no calibration job: keep the course's calibration.toml")
     gra.set_defaults(func=cmd_grade)
+    task = sub.add_parser(
+        "grade-task", help="(run by grade.sbatch) grade one student privately on this node, as a Slurm task",
+        description="Grade STUDENT exactly as `grade` does, in a private copy of the course in TMPDIR, and "
+                    "leave the result in JOB/tasks/STUDENT/ for `merge`. Exits 1 when grading failed.")
+    task.add_argument("student")
+    task.add_argument("--job", type=Path, required=True, help="the job folder")
+    task.add_argument("--timeout", type=int, default=None, help="seconds a cell may run")
+    task.set_defaults(func=cmd_grade_task)
+    mer = sub.add_parser(
+        "merge", help="(run by merge.sbatch) merge the Slurm tasks' grades into the gradebook",
+        description="Copy every task's gradebook entries into the course's gradebook (nbgrader's API), bring "
+                    "back the graded notebooks and measurements, regenerate the feedback, the CSVs and the "
+                    "class report, and name the tasks that failed or left no result.")
+    mer.add_argument("--job", type=Path, default=None, help="the job folder (default: slurm/ in the course root)")
+    mer.set_defaults(func=cmd_merge)
     cal = sub.add_parser(
         "calibrate", help="derive this machine's thresholds from the reference solution's runs",
         description="Run the reference solutions' speed and memory checks RUNS times on this "

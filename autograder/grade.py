@@ -462,15 +462,7 @@ def grade(course_root: Path = course.COURSE_ROOT, students: list[str] | None = N
     from labsupport.hardware import describe_machine
 
     course_root = Path(course_root).resolve()
-    students = students if students is not None else submitted_students(course_root)
-    if not students:
-        raise course.CourseError(f"No submissions in {course_root / 'submitted'}: run "
-                                 "`python -m autograder collect <folder>` first.")
-    unknown = [s for s in students if not (course_root / "submitted" / s).is_dir()]
-    if unknown:
-        raise course.CourseError(f"No submission for {', '.join(unknown)} in {course_root / 'submitted'}.")
-    if not (course_root / "gradebook.db").exists():
-        release.generate(course_root)  # autograde needs the gradebook's record of the release
+    students = students_to_grade(course_root, students)
     machine = describe_machine()
     timeout_s = timeout_s or cell_timeout_s(machine.device_class)
     batch = Batch.prepare(course_root, timeout_s)
@@ -498,6 +490,22 @@ def grade(course_root: Path = course.COURSE_ROOT, students: list[str] | None = N
     finally:
         _export_quietly(course_root, grades)
     return grades
+
+
+def students_to_grade(course_root: Path, students: list[str] | None = None) -> list[str]:
+    """``students`` (default: every collected one), each checked to have a submission; makes sure
+    the gradebook holds the release, which autograde checks notebooks against."""
+    course_root = Path(course_root).resolve()
+    students = students if students is not None else submitted_students(course_root)
+    if not students:
+        raise course.CourseError(f"No submissions in {course_root / 'submitted'}: run "
+                                 "`python -m autograder collect <folder>` first.")
+    unknown = [s for s in students if not (course_root / "submitted" / s).is_dir()]
+    if unknown:
+        raise course.CourseError(f"No submission for {', '.join(unknown)} in {course_root / 'submitted'}.")
+    if not (course_root / "gradebook.db").exists():
+        release.generate(course_root)
+    return students
 
 
 def _export_quietly(course_root: Path, grades: list[NotebookGrade]) -> None:

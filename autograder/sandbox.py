@@ -12,8 +12,12 @@ the unprivileged user ``nobody`` inside:
 - **Network.** None (a new network namespace). The kernel talks to nbgrader over Unix sockets
   (Jupyter's ``ipc`` transport) in a folder bound into the sandbox.
 - **Processes.** A new PID namespace: when the kernel ends, every process it started ends too.
-  ``prlimit`` bounds processes (``nobody``'s count), file size, open files and, off CUDA, address
-  space; ``timeout`` bounds the wall clock of each notebook.
+  ``prlimit`` bounds processes (the sandbox user's count), file size, open files and, off CUDA,
+  address space; ``timeout`` bounds the wall clock of each notebook.
+- **One user per grader.** Where graders share a node (a Slurm task per GPU, slurm.py), each one
+  claims its own sandbox user (:func:`user`): ``nobody`` for the first, then the unassigned ids
+  from 65000 up. So one submission's fork storm spends its own process count, not its
+  neighbour's, and a grader kills only the processes it started itself (:func:`kill_all`).
 
 Why bubblewrap: one well-kept program sets up every namespace and mount above, unprivileged
 after setup, and it is one ``apt-get install bubblewrap`` (``make test`` installs it as root).
@@ -24,17 +28,26 @@ says so once at the start, and grades without a sandbox as before.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
-import threading
 import os
+import signal
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-NOBODY = 65534  # the unprivileged user the sandboxed processes run as
+NOBODY = 65534  # the unprivileged user the sandboxed processes run as (the first grader's)
+# Further graders on the same machine: ids Debian reserves and never assigns (65000-65533), so no
+# real user's processes or files are ever theirs. A grader holds its id by a lock file.
+SPARE_USERS = range(65000, 65534)
+PR_SET_CHILD_SUBREAPER = 36  # prctl option (linux/prctl.h)
+USER_LOCKS = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
 MAX_PROCESSES = 512  # nobody's processes at once: DataLoader workers and compile workers fit
 MAX_FILE_BYTES = 2 * 2**30  # one file (the results store holds traces of a few MB)
 MAX_OPEN_FILES = 4096
@@ -43,6 +56,34 @@ TMP_BYTES = 2 * 2**30  # /tmp and HOME, in memory
 STORE_BYTES = 2 * 2**30  # what a submission may write to its folders on disk (the watchdog's quota)
 SYSTEM = ("/usr", "/etc", "/opt")  # bound read-only where they exist
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")  # usr-merged links, or binds
+
+
+@functools.cache
+def user() -> int:
+    """This grading process's sandbox user: ``nobody``, or the first spare id no other grader on
+    this machine holds. Held (by an exclusive lock on a file in USER_LOCKS) until the process
+    exits, so two graders sharing a node never run students' code as the same user.
+
+    Claiming it also makes this process the reaper of orphans below it (Linux's child
+    subreaper): what a sandbox leaves behind stays where :func:`kill_all` looks.
+    """
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    for uid in (NOBODY, *SPARE_USERS):
+        handle = open(USER_LOCKS / f"lab-sandbox-user-{uid}.lock", "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        _HELD.append(handle)  # the lock lasts as long as this process
+        return uid
+    raise RuntimeError(f"every sandbox user id is held by another grader on this machine ({USER_LOCKS})")
+
+
+_HELD: list = []
 
 
 def problem() -> str | None:
@@ -77,7 +118,7 @@ def _ancestors(path: Path) -> list[Path]:
 class Sandbox:
     """The sandbox of one submission: what it may write and read, beside the system and Python."""
 
-    writable: tuple[Path, ...]  # bound read-write at the same path (must belong to NOBODY)
+    writable: tuple[Path, ...]  # bound read-write at the same path (must belong to user())
     readable: tuple[Path, ...]  # bound read-only at the same path
     env: dict[str, str] = field(default_factory=dict)  # set inside (HOME and TMPDIR are always set)
     budget_s: float | None = None  # wall clock of one command (timeout), None for none
@@ -122,7 +163,11 @@ class Sandbox:
         if _cuda_present():  # the GPU's device files, and the driver's view of the hardware
             mounts += [a for dev in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(dev), str(dev))]
             mounts += ["--ro-bind", "/sys", "/sys"]
-        env = {"HOME": "/tmp/home", "TMPDIR": "/tmp", **self.env}
+        uid = user()
+        # USER and LOGNAME: a spare id has no passwd entry, and getpass.getuser() would fail.
+        env = {"HOME": "/tmp/home", "TMPDIR": "/tmp", "USER": "nobody" if uid == NOBODY else f"lab-sandbox-{uid}",
+               **self.env}
+        env["LOGNAME"] = env["USER"]
         inner = 'mkdir -p "$HOME" && exec "$@"' + (f" >{shlex.quote(str(log))} 2>&1" if log else "")
         # ipykernel exits when its parent (JPY_PARENT_PID) is not its parent any more, which in a
         # new PID namespace it never is; --die-with-parent ends the sandbox with the grader instead.
@@ -132,7 +177,7 @@ class Sandbox:
                  "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
                  "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--", "sh", "-c",
                  (f"{before} && " if before else "") +
-                 f"exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups --inh-caps=-all -- "
+                 f"exec setpriv --reuid={uid} --regid={uid} --clear-groups --inh-caps=-all -- "
                  f"sh -c {shlex.quote(inner)} sandboxed " + '"$@"', "sandboxed"]
         wall = ["timeout", "--kill-after=10", f"{int(self.budget_s)}"] if self.budget_s else []
         return [*wall, "prlimit", *limits, "--", *bwrap, *argv]
@@ -145,17 +190,77 @@ def _cuda_present() -> bool:
 
 def own(*paths: Path) -> None:
     """Give ``paths`` (folders, recursively) to the sandbox user, so it can write there."""
+    uid = user()
     for path in paths:
         path.mkdir(parents=True, exist_ok=True)
         for root, dirs, files in os.walk(path):
-            os.chown(root, NOBODY, NOBODY)
+            os.chown(root, uid, uid)
             for name in files:
-                os.chown(os.path.join(root, name), NOBODY, NOBODY, follow_symlinks=False)
+                os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
 
 
-def kill_all() -> None:
-    """Kill every process of the sandbox user (grading runs one submission at a time)."""
-    subprocess.run(["pkill", "-KILL", "-u", str(NOBODY)], capture_output=True)
+def kill_all(wait_s: float = 10.0) -> None:
+    """Kill every process of this grader's sandbox user that this grader started, however deep,
+    and reap those left to it, so that none still counts against the user's process limit when
+    the next notebook or verdict process starts.
+
+    Not every process of the user: another grader on the node (or the system's own ``nobody``)
+    is none of ours. A process the sandbox started stays below this one: it cannot leave the
+    sandbox's PID namespace, and where a sandbox's own first process is killed first, its orphans
+    come to this process (:func:`user` makes it their reaper), not to the machine's init.
+    Repeated while it finds any, since a fork storm adds processes while they are killed.
+    """
+    uid, me = user(), os.getpid()
+    deadline = time.monotonic() + wait_s
+    while True:
+        table = _processes()
+        ours = [pid for pid in _descendants(me, table) if _real_uid(pid) == uid]
+        for pid in ours:
+            if table[pid][1] != "Z":
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            elif table[pid][0] == me:  # a zombie left to us: reap it, or it keeps its slot
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+        if not ours or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """``{pid: (parent pid, state)}`` of every process, from /proc."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    # pid (comm) state ppid ...: comm may hold spaces and parentheses
+                    state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+                table[int(entry.name)] = (int(ppid), state)
+            except (OSError, ValueError, IndexError):
+                continue
+    return table
+
+
+def _descendants(root: int, table: dict[int, tuple[int, str]]) -> list[int]:
+    """The processes below ``root`` (children, theirs, ...) in ``table``."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _real_uid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(next(line for line in f if line.startswith("Uid:")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def folder_bytes(*paths: Path) -> int:

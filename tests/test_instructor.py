@@ -22,7 +22,7 @@ import pytest
 
 import attacks
 import scenarios
-from autograder import calibrate, collect, course, grade, release, reports, sandbox, verdicts
+from autograder import calibrate, collect, course, grade, release, reports, sandbox, slurm, verdicts
 from labsupport import grading
 from labsupport.hardware import describe_machine
 
@@ -506,7 +506,7 @@ def test_attacks_change_nothing_outside_their_own_grade(graded):
                   ((sub.student.id, g) for sub in gb.find_assignment("lab").submissions
                    for nb in sub.notebooks for g in nb.grades) if g.extra_credit]
     assert credit == []
-    left = subprocess.run(["pgrep", "-u", str(sandbox.NOBODY)], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-u", str(sandbox.user())], capture_output=True, text=True).stdout
     assert not left.strip(), f"processes of the sandbox outlived grading: {left}"
     for name in ("grades", "grades_by_check", "grading_summary"):
         assert (root / f"{name}.csv").stat().st_size > 0
@@ -554,3 +554,121 @@ def test_the_gradebook_is_put_back(graded, tmp_path):
         repaired = verdicts.restore(gb, "lab", "crash", before)
         assert reference.auto_score == kept and crash.extra_credit is None and crash.auto_score == 0.0
     assert len(repaired) == 3, repaired
+
+
+# --- a class graded on a Slurm cluster (autograder/slurm.py) ----------------------------------------
+
+# Graded again on a one-node cluster with two fake GPUs, two tasks at a time, and compared with
+# their serial grading above: a hostile submission (its fork storm and escapes run beside another
+# student's task), one that loses some points, and one that loses all.
+ON_SLURM = tuple(s for s in ("hostile", "outsider", "tampered") if s in GRADED)
+SLURM_WAIT_S = 600
+
+
+def _wait_for_jobs(env: dict, cluster, deadline_s: float = SLURM_WAIT_S) -> None:
+    import time
+
+    import slurm_cluster
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        queued = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env).stdout
+        if not queued.strip():
+            return
+        time.sleep(1)
+    raise AssertionError(f"Slurm jobs still queued after {deadline_s} s: {queued}; {slurm_cluster.logs(cluster.folder)}")
+
+
+def _checks(root: Path, students) -> list[dict]:
+    """Every graded cell of ``students`` in ``root``'s gradebook: score, max score, needs manual grading."""
+    frame = grade.scores_by_check(root)
+    frame = frame[frame.student.isin(students)]
+    return frame.sort_values(["student", "notebook", "cell"]).to_dict("records")
+
+
+@pytest.mark.slow
+@needs_sandbox
+def test_a_class_graded_on_slurm_scores_exactly_as_graded_serially(graded, tmp_path, tiny_data):
+    """``grade --backend slurm --submit`` on a real (one-node) Slurm cluster: the calibration job,
+    then the array afterok, two tasks at once on different GPUs, then the merge afterany. The
+    merged gradebook holds exactly the serial run's scores, check by check; nobody else's entry
+    changed; and ``--rerun --submit`` grades again only a task that left no result."""
+    import json
+    import os
+    import sys
+    import time
+
+    import slurm_cluster
+
+    if slurm_cluster.problem():
+        pytest.skip(f"no Slurm cluster can be started here: {slurm_cluster.problem()}")
+    served = graded["root"]
+    root = tmp_path / "course"
+    root.mkdir()
+    for name in (course.CONFIG_NAME, "gradebook.db"):
+        shutil.copyfile(served / name, root / name)
+    for folder in ("source", "release"):
+        shutil.copytree(served / folder, root / folder)
+    for student in ON_SLURM:
+        shutil.copytree(served / "submitted" / student, root / "submitted" / student)
+    from nbgrader.api import Gradebook
+
+    with course.venv_on_path(), Gradebook(grade._db_url(root)) as gb:  # the merge must put them back
+        for student in ON_SLURM:
+            gb.remove_submission("lab", student)
+    others = sorted(set(GRADED) - set(ON_SLURM))
+    before_others = _checks(root, others)
+    env = {k: v for k, v in os.environ.items() if k != "LAB_CALIBRATION"}  # the calibration job's, in the course
+    env.update(LAB_DATA=str(tiny_data), LAB_PROFILE="tiny", PYTHONPATH=str(CHECKOUT))
+    command = [sys.executable, "-m", "autograder", "--course", str(root), "grade", "--backend", "slurm",
+               "--max-running", "2", "--cpus-per-task", "1", "--calibrate-runs", "1", "--submit", *ON_SLURM]
+    job = root / "slurm"
+    try:
+        with slurm_cluster.one_node_cluster(tmp_path / "cluster", gpus=2) as cluster:
+            env.update(cluster.env)
+            started = time.time()
+            done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=CHECKOUT)
+            assert done.returncode == 0, done.stderr + done.stdout
+            _wait_for_jobs(env, cluster)
+            wall = time.time() - started
+            tasks = {s: slurm.read_task(job, s) for s in ON_SLURM}
+            assert all(t and t["status"] == "graded" for t in tasks.values()), (tasks, slurm_cluster.logs(cluster.folder))
+            # Re-running the missing: tampered's result is lost; one command grades it alone.
+            kept = {s: (job / "tasks" / s / "task.json").stat().st_mtime_ns for s in ON_SLURM}
+            lost = ON_SLURM[-1]
+            (job / "tasks" / lost / "task.json").unlink()
+            assert slurm.unfinished(job) == [len(ON_SLURM) - 1]
+            rerun = subprocess.run([*command[:command.index("--max-running")], "--rerun", "--submit"],
+                                   capture_output=True, text=True, env=env, cwd=CHECKOUT)
+            assert rerun.returncode == 0 and f"grading array" in rerun.stdout, rerun.stderr + rerun.stdout
+            _wait_for_jobs(env, cluster)
+            pids = dict(cluster.pids)
+    except RuntimeError as err:  # the cluster did not come up
+        pytest.skip(f"the Slurm cluster could not be started here: {err}")
+    assert not any(slurm_cluster.running(pid) for pid in pids.values()), pids
+    assert slurm.unfinished(job) == []
+    again = {s: (job / "tasks" / s / "task.json").stat().st_mtime_ns for s in ON_SLURM}
+    assert [s for s in ON_SLURM if again[s] != kept[s]] == [lost]
+    # At most two at once (the array's %2), and two at once on different GPUs.
+    spans = sorted((t["started"], t["ended"], t["gpus"], s) for s, t in tasks.items())
+    overlapping = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1:] if b[0] < a[1]]
+    assert overlapping, f"no two tasks ran at once: {spans}"
+    assert all(a[2] != b[2] for a, b in overlapping), overlapping
+    assert all(sum(s[0] <= t[0] < s[1] for s in spans) <= 2 for t in spans), spans
+    # Exactly the serial run's scores, check by check; nobody else's entry touched.
+    merged, serial = _checks(root, ON_SLURM), _checks(served, ON_SLURM)
+    assert len(merged) == len(serial) > 0
+    assert [m for m, s in zip(merged, serial) if m != s] == []
+    assert _checks(root, others) == before_others
+    totals = pd.read_csv(root / "grades.csv").set_index("student_id").loc[list(ON_SLURM), "raw_score"]
+    assert totals.to_dict() == {s: sum(expected_score(s, nb) for nb in POINTS) for s in ON_SLURM}
+    for student in ON_SLURM:
+        handed_in = {p.stem for p in (root / "submitted" / student / "lab").glob("*.ipynb")}
+        assert {p.stem for p in (root / "feedback" / student / "lab").glob("*.html")} == handed_in
+    assert (root / "reports" / "class.html").is_file() and (root / "calibration.toml").is_file()
+    serial = sum(g.seconds + g.verdict_s for g in graded["grades"] if g.student in ON_SLURM)
+    array = max(t["ended"] for t in tasks.values()) - min(t["started"] for t in tasks.values())
+    print(f"{len(ON_SLURM)} students: serial {serial:.0f} s of grading; on 2 GPU slots the array took {array:.0f} s "
+          f"(calibration, array and merge {wall:.0f} s from submission); tasks: "
+          + ", ".join(f"{s} GPU {t['gpus']} {t['ended'] - t['started']:.0f} s" for s, t in tasks.items()))
+    print((job / "grade.sbatch").read_text())

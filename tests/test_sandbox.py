@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -50,7 +51,7 @@ except OSError as err:
 """)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == str(sandbox.NOBODY) and lines[1] == "data"
+    assert lines[0] == str(sandbox.user()) and lines[1] == "data"
     assert f"{hidden / 'answers.txt'} False" in lines and "/root/.ssh False" in lines
     assert "read-only: 30" in lines  # EROFS
     assert (writable / "out.txt").read_text() == "written"
@@ -69,7 +70,7 @@ except OSError as err:
 
 
 def test_processes_are_bounded_and_end_with_it():
-    before = subprocess.run(["pgrep", "-u", str(sandbox.NOBODY)], capture_output=True, text=True).stdout
+    before = subprocess.run(["pgrep", "-u", str(sandbox.user())], capture_output=True, text=True).stdout
     assert not before.strip(), f"processes of the sandbox user before the test: {before}"
     done = run(sandbox.Sandbox((), ()), """
 import os, subprocess, time
@@ -87,7 +88,7 @@ except OSError as err:
 """)
     count = int(done.stdout.split()[-1])
     assert count < sandbox.MAX_PROCESSES, done.stdout
-    left = subprocess.run(["pgrep", "-u", str(sandbox.NOBODY)], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-u", str(sandbox.user())], capture_output=True, text=True).stdout
     assert not left.strip(), f"processes outlived the sandbox: {left}"
 
 
@@ -129,3 +130,53 @@ for i in range(1000):
         run(sandbox.Sandbox((writable,), ()), code)
     assert dog.tripped
     assert sandbox.folder_bytes(writable) < 200 * 2**20
+
+
+def test_graders_sharing_a_node_run_students_as_different_users():
+    """Two Slurm tasks on one node (a GPU each) grade at once: each claims its own sandbox user,
+    so one submission's fork storm cannot spend the other's process count. The claim is a lock
+    held for the grader's life: another grader gets the next id, and the id is free again after."""
+    claim = [sys.executable, "-c", "from autograder import sandbox; print(sandbox.user())"]
+    mine = sandbox.user()
+    other = int(subprocess.run(claim, capture_output=True, text=True, check=True).stdout)
+    assert other != mine and other in sandbox.SPARE_USERS
+    holder = subprocess.Popen([sys.executable, "-c", "from autograder import sandbox; import time; "
+                               "print(sandbox.user(), flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        held = int(holder.stdout.readline())
+        third = int(subprocess.run(claim, capture_output=True, text=True, check=True).stdout)
+        assert len({mine, held, third}) == 3
+    finally:
+        holder.kill()
+        holder.wait()
+    assert int(subprocess.run(claim, capture_output=True, text=True, check=True).stdout) == held
+
+
+def test_kill_all_ends_this_graders_processes_and_no_one_elses():
+    """kill_all after a notebook ends what that notebook started, however deep, orphans included
+    (a sandbox whose outer process was killed first leaves its processes to the grader, its
+    reaper), and reaps them, so that none keeps a slot of the user's process limit. Nothing of a
+    neighbouring grader's that runs as the same user is touched."""
+    uid = str(sandbox.user())
+    as_user = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    neighbour = subprocess.Popen([*as_user, "sleep", "301"])  # another grader's
+    grader = f"""
+import subprocess, time
+from autograder import sandbox
+sandbox.user()  # this process becomes the reaper of its orphans
+sandbox.user = lambda: {uid}  # ... and shares the neighbour's user, as if both held it
+subprocess.Popen({as_user!r} + ["sh", "-c", "sleep 300 & sleep 300"])  # a child, and a grandchild
+subprocess.run({as_user!r} + ["sh", "-c", "sleep 300 &"])  # an orphan, left to this process
+time.sleep(0.5)
+sandbox.kill_all()
+print(subprocess.run(["pgrep", "-u", "{uid}", "-x", "-a", "sleep"], capture_output=True, text=True).stdout)
+"""
+    try:
+        done = subprocess.run([sys.executable, "-c", grader], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        left = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.strip()]
+        assert left == ["sleep 301"], done.stdout  # neither a zombie nor a live one of its own
+        assert neighbour.poll() is None
+    finally:
+        neighbour.kill()
+        neighbour.wait()
