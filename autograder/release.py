@@ -6,7 +6,7 @@
 - The student distribution (``build/student/`` and ``build/student.zip``, :mod:`.student`) holds
   those notebooks, the student-facing ``labsupport``, a requirements file and a README, and
   nothing else: no solution, no hidden test, no instructor module.
-- ``validate`` and ``student_version_differences`` back the tests of the masters.
+- ``student_version_differences`` backs the test that notebooks/ is a fresh release.
 """
 
 from __future__ import annotations
@@ -143,23 +143,6 @@ def release(course_root: Path = COURSE_ROOT, notebooks_dir: Path = NOTEBOOKS_DIR
                   f"{shown(archive)} (or build/student as a git repository) and release again with "
                   "--student-url URL.")
     return written
-
-
-def validate(notebook: Path, *, invert: bool = False, course_root: Path = COURSE_ROOT) -> dict:
-    """Run ``nbgrader validate [--invert]`` on one notebook in this process; return its findings.
-
-    The result is nbgrader's Validator.validate() dict: empty when validation succeeded, else
-    ``failed`` (grade cells that failed), with ``invert`` ``passed`` (grade cells that passed),
-    ``changed`` (locked cells whose checksum changed) or ``type_changed``. The notebook runs in
-    its own folder with the course's Execute.timeout. (The ``nbgrader validate`` command only
-    prints these and exits with 0 either way, so it cannot gate a test by its exit status.)
-    """
-    from nbgrader.validator import Validator
-
-    cfg = load_config(course_root)
-    cfg.Validator.invert = invert
-    with venv_on_path():
-        return Validator(config=cfg).validate(str(notebook))
 
 
 def _first_line_difference(expected: str, actual: str) -> str:

@@ -198,14 +198,18 @@ def run_task(course_root: Path, job: Path, student: str, *, timeout_s: int | Non
     ids), the private gradebook (``gradebook.db``) and the student's graded files. Returns the
     record; its status is "graded", or "failed" with the error.
     """
-    from . import grade
+    from labsupport.hardware import describe_machine
+
+    from . import grade, sandbox
 
     course_root, job = Path(course_root).resolve(), Path(job).resolve()
     task = job / "tasks" / student
     shutil.rmtree(task, ignore_errors=True)
     task.mkdir(parents=True)
     record = {"student": student, "status": "failed", "started": time.time(), "host": socket.gethostname(),
-              "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+              "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "no_sandbox": sandbox.problem(),
+              "sandbox_user": sandbox.user(),
+              "device": f"{describe_machine().device_name} ({describe_machine().device_class})",
               "slurm": {k: os.environ.get(k) for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID",
                                                        "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST")}}
     # Node-local: sqlite wants a local disk, and the kernels' ipc sockets a short path.
@@ -269,7 +273,9 @@ def read_task(job: Path, student: str) -> dict | None:
 def merge(course_root: Path, job: Path | None = None) -> dict:
     """Merge every task's result into the course: gradebook, files, feedback, CSVs, class report.
 
-    Returns ``{"merged": [...], "failed": {student: why}, "missing": [...], "grades": [...]}``.
+    Returns ``{"merged": [...], "failed": {student: why}, "missing": [...], "grades": [...],
+    "report": class report, "no_sandbox": {student: why their task had none},
+    "devices": {device: [students graded on it]}}``.
     """
     from nbgrader.converters import GenerateFeedback
 
@@ -277,7 +283,7 @@ def merge(course_root: Path, job: Path | None = None) -> dict:
 
     course_root = Path(course_root).resolve()
     job = Path(job or job_dir(course_root)).resolve()
-    merged, failed, missing, grades = [], {}, [], []
+    merged, failed, missing, grades, unboxed, devices = [], {}, [], [], {}, {}
     for student in students_of(job):
         record = read_task(job, student)
         if record is None:
@@ -308,9 +314,13 @@ def merge(course_root: Path, job: Path | None = None) -> dict:
             print(f"{student}: generate_feedback failed: {grade._last_error_line(feedback)}")
         grades += [grade.NotebookGrade(**g) for g in record["grades"]]
         merged.append(student)
+        if record.get("no_sandbox"):
+            unboxed[student] = record["no_sandbox"]
+        devices.setdefault(record.get("device"), []).append(student)
     grade.export(course_root, grades)
     report = reports.class_report(course_root) if merged else None
-    return {"merged": merged, "failed": failed, "missing": missing, "grades": grades, "report": report}
+    return {"merged": merged, "failed": failed, "missing": missing, "grades": grades, "report": report,
+            "no_sandbox": unboxed, "devices": devices}
 
 
 def _merge_gradebook(course_root: Path, task_db: Path, student: str) -> None:
@@ -359,6 +369,14 @@ def print_merge(outcome: dict, course_root: Path, job: Path) -> None:
         grade.print_summary(outcome["grades"], course_root)
     print(f"\nmerged {len(outcome['merged'])} task(s) into {course.shown(course_root)}/gradebook.db"
           + (f"; class report: {course.shown(outcome['report'])}" if outcome["report"] else ""))
+    if len(outcome["devices"]) > 1:
+        print("the tasks ran on different devices, so their bars differ (calibration.toml holds one "
+              "machine's): " + "; ".join(f"{d}: {len(s)} student(s)" for d, s in outcome["devices"].items())
+              + ". Pin one GPU type with --partition or --constraint, and grade again.")
+    if outcome["no_sandbox"]:
+        reasons = sorted(set(outcome["no_sandbox"].values()))
+        print(f"WITHOUT a sandbox: {len(outcome['no_sandbox'])} task(s) ({'; '.join(reasons)}): their students' "
+              "code ran with the job's rights (autograder/sandbox.py)")
     for student, why in outcome["failed"].items():
         print(f"failed: {student}: {why}")
     for student in outcome["missing"]:

@@ -23,6 +23,10 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 COMMANDS = (*DAEMONS, "sbatch", "squeue", "sinfo", "scancel", "mknod")
 
 
+class Unavailable(RuntimeError):
+    """The cluster did not come up here (the test skips, saying why)."""
+
+
 def problem() -> str | None:
     """Why no cluster can be started here (None when one can)."""
     if os.geteuid() != 0:
@@ -78,7 +82,7 @@ def one_node_cluster(folder: Path, gpus: int = 2):
     """Start the cluster in ``folder``; yields ``.env`` (what its clients need: ``SLURM_CONF``)
     and ``.pids`` (each daemon's), and stops them all afterwards.
 
-    Raises RuntimeError, with the daemons' log tails, when it does not come up in 60 s.
+    Raises :class:`Unavailable`, with the daemons' log tails, when it does not come up in 60 s.
     """
     folder = Path(folder).resolve()
     for sub in ("state", "spool"):
@@ -95,27 +99,36 @@ def one_node_cluster(folder: Path, gpus: int = 2):
     env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")}
     pids: dict[str, int] = {}
     try:
-        subprocess.run(["munged", "--force", f"--socket={folder / 'munge.socket'}", f"--key-file={key}",
-                        f"--log-file={folder / 'munged.log'}", f"--pid-file={folder / 'munged.pid'}",
-                        f"--seed-file={folder / 'munged.seed'}"], check=True, capture_output=True)
-        pids["munged"] = _pid(folder / "munged.pid")
-        for daemon in ("slurmctld", "slurmd"):
-            subprocess.run([daemon, "-f", str(folder / "slurm.conf")], check=True, capture_output=True, env=env)
-            pids[daemon] = _pid(folder / f"{daemon}.pid")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env).stdout
-            if state.strip() == "idle":
-                break
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(f"the node never became idle (sinfo: {state.strip()!r}); " + logs(folder))
+        try:
+            _start(folder, key, env, pids)
+        except (subprocess.CalledProcessError, OSError, Unavailable) as err:
+            detail = getattr(err, "stderr", b"") or b""
+            raise Unavailable(f"{err} {detail.decode(errors='replace')[-300:]} {logs(folder)}") from err
         yield SimpleNamespace(env={"SLURM_CONF": env["SLURM_CONF"]}, pids=pids, folder=folder)
     finally:
         subprocess.run(["scancel", "--full", "--user=root"], capture_output=True, env=env)
         for daemon in reversed(DAEMONS):
             if daemon in pids:
                 _stop(pids[daemon])
+
+
+def _start(folder: Path, key: Path, env: dict, pids: dict) -> None:
+    """munged, then slurmctld and slurmd; returns when the node is idle (raises Unavailable if not)."""
+    subprocess.run(["munged", "--force", f"--socket={folder / 'munge.socket'}", f"--key-file={key}",
+                    f"--log-file={folder / 'munged.log'}", f"--pid-file={folder / 'munged.pid'}",
+                    f"--seed-file={folder / 'munged.seed'}"], check=True, capture_output=True)
+    pids["munged"] = _pid(folder / "munged.pid")
+    for daemon in ("slurmctld", "slurmd"):
+        subprocess.run([daemon, "-f", str(folder / "slurm.conf")], check=True, capture_output=True, env=env)
+        pids[daemon] = _pid(folder / f"{daemon}.pid")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env).stdout
+        if state.strip() == "idle":
+            break
+        time.sleep(0.5)
+    else:
+        raise Unavailable(f"the node never became idle (sinfo: {state.strip()!r})")
 
 
 def logs(folder: Path, lines: int = 5) -> str:
@@ -134,7 +147,7 @@ def _pid(path: Path, wait_s: float = 10) -> int:
         with contextlib.suppress(OSError, ValueError):
             return int(path.read_text().split()[0])
         time.sleep(0.1)
-    raise RuntimeError(f"{path} was never written")
+    raise Unavailable(f"{path} was never written")
 
 
 def _stop(pid: int, wait_s: float = 15) -> None:
