@@ -80,7 +80,7 @@ def job_dir(course_root: Path) -> Path:
 # --- writing and submitting ---------------------------------------------------------------------
 
 def write(course_root: Path, students: list[str], options: Options, job: Path | None = None) -> Path:
-    """Write the job folder (students.txt, the three sbatch scripts, submit.sh); returns it.
+    """Write the job folder (students.txt, the sbatch scripts, submit.sh); returns it.
 
     A folder from an earlier term's grading is replaced, task results included.
     """
@@ -105,13 +105,15 @@ def write(course_root: Path, students: list[str], options: Options, job: Path | 
 
     origin = f"Written by `python -m autograder grade --backend slurm` on {when}; edit freely."
     timeout = [f"--timeout={options.timeout_s}"] if options.timeout_s else []
-    script("calibrate.sbatch",
-           [origin, "The bars of this kind of node: the dataset, then the reference's checks",
-            f"{options.calibrate_runs or 3} times (autograder/calibrate.py). The array starts after it succeeds."],
-           ["--job-name=lab-calibrate", *options.resources(), f"--time={options.time}",
-            f"--output={job / 'logs' / 'calibrate-%j.out'}"],
-           [f"{shlex.quote(str(python))} -m labsupport data",
-            shlex.join([*run, "calibrate", f"--runs={options.calibrate_runs or 3}"])])
+    calibrate = options.calibrate_runs is not None
+    if calibrate:
+        script("calibrate.sbatch",
+               [origin, "The bars of this kind of node: the dataset, then the reference's checks",
+                f"{options.calibrate_runs} times (autograder/calibrate.py). The array starts after it succeeds."],
+               ["--job-name=lab-calibrate", *options.resources(), f"--time={options.time}",
+                f"--output={job / 'logs' / 'calibrate-%j.out'}"],
+               [f"{shlex.quote(str(python))} -m labsupport data",
+                shlex.join([*run, "calibrate", f"--runs={options.calibrate_runs}"])])
     last = len(students) - 1
     script("grade.sbatch",
            [origin, f"One student per array task (students.txt, line task id + 1), {len(students)} in all,",
@@ -125,11 +127,10 @@ def write(course_root: Path, students: list[str], options: Options, job: Path | 
     script("merge.sbatch",
            [origin, "After the array, whatever each task did: every task's grades into the gradebook,",
             "then the feedback, the CSVs and the class report (python -m autograder merge)."],
-           ["--job-name=lab-merge", *[o for o in options.resources()[1:] if o.startswith("--partition")],
+           ["--job-name=lab-merge", *[o for o in options.resources() if o.startswith("--partition")],
             "--time=01:00:00", f"--output={job / 'logs' / 'merge-%j.out'}"],
            ["exec " + shlex.join([*run, "merge", f"--job={job}"])])
     cap = options.max_running
-    calibrate = options.calibrate_runs is not None
     submit = [
         "#!/bin/bash",
         f"# {origin}",
@@ -172,7 +173,7 @@ def students_of(job: Path) -> list[str]:
     if not path.is_file():
         raise course.CourseError(f"{path} does not exist: write the job first with "
                                  "`python -m autograder grade --backend slurm`.")
-    return path.read_text().split()
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
 
 def unfinished(job: Path) -> list[int]:
@@ -223,13 +224,7 @@ def run_task(course_root: Path, job: Path, student: str, *, timeout_s: int | Non
         record["status"] = "failed" if failed else "graded"
         record["error"] = "; ".join(e for g in failed for e in g.errors) or None
         shutil.copyfile(private / "gradebook.db", task / "gradebook.db")
-        for pattern in BROUGHT_BACK:
-            source = private / pattern.format(s=student)
-            if source.is_dir():
-                shutil.copytree(source, task / pattern.format(s=student), symlinks=True)
-            elif source.is_file():
-                (task / pattern.format(s=student)).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, task / pattern.format(s=student))
+        _bring_back(private, task, student)
     except Exception as err:  # the task fails, with the reason in task.json and the log; the merge goes on
         where = traceback.extract_tb(err.__traceback__)[-1]
         record["error"] = f"{type(err).__name__}: {str(err)[:300]} ({Path(where.filename).name}:{where.lineno})"
@@ -241,6 +236,21 @@ def run_task(course_root: Path, job: Path, student: str, *, timeout_s: int | Non
         partial.write_text(json.dumps(record, indent=1))
         partial.replace(task / "task.json")  # the merge never reads half a record
     return record
+
+
+def _bring_back(source_root: Path, target_root: Path, student: str) -> None:
+    """``student``'s graded files (BROUGHT_BACK) from one folder to another, replacing what was there."""
+    for pattern in BROUGHT_BACK:
+        source, target = source_root / pattern.format(s=student), target_root / pattern.format(s=student)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        if source.is_dir():
+            shutil.copytree(source, target, symlinks=True)
+        elif source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
 
 
 def _private_course(course_root: Path, student: str, dest: Path) -> Path:
@@ -298,17 +308,7 @@ def merge(course_root: Path, job: Path | None = None) -> dict:
             continue
         task = job / "tasks" / student
         _merge_gradebook(course_root, task / "gradebook.db", student)
-        for pattern in BROUGHT_BACK:
-            source, target = task / pattern.format(s=student), course_root / pattern.format(s=student)
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-            if source.is_dir():
-                shutil.copytree(source, target, symlinks=True)
-            elif source.is_file():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, target)
+        _bring_back(task, course_root, student)
         feedback = grade._run(grade._app(GenerateFeedback, course_root, CourseDirectory__student_id=student))
         if not feedback["success"]:
             print(f"{student}: generate_feedback failed: {grade._last_error_line(feedback)}")

@@ -45,6 +45,7 @@ def test_the_scripts_ask_for_one_gpu_type_and_chain_calibration_array_and_merge(
     assert "--exclusive" in sbatch_lines(whole / "grade.sbatch")
     assert not any(o.startswith("--gres") for o in sbatch_lines(whole / "grade.sbatch"))
     assert "calibrate.sbatch" not in (whole / "submit.sh").read_text()  # the course's calibration is kept
+    assert not (whole / "calibrate.sbatch").exists()
 
 
 def test_rerun_submits_only_the_failed_and_missing_tasks_then_merges(tmp_path, capsys):
