@@ -104,7 +104,8 @@ def _grade_on_slurm(args) -> int:
                                 timeout_s=args.timeout)
         job = slurm.write(args.course, students, options, job)
         tasks = None
-        print(f"wrote {shown(job)}: submit.sh, calibrate.sbatch, grade.sbatch ({len(students)} tasks), merge.sbatch")
+        scripts = sorted(p.name for p in job.iterdir() if p.suffix in (".sh", ".sbatch"))
+        print(f"wrote {shown(job)}: {', '.join(scripts)} ({len(students)} tasks)")
     if args.submit:
         print(slurm.submit(job, tasks))
         print(f"when the merge job ends: {shown(args.course)}/grades.csv; logs in {shown(job)}/logs/")
