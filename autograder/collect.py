@@ -35,6 +35,7 @@ class Collected:
     notebooks: list[str] = field(default_factory=list)  # collected, by notebook name
     problems: list[str] = field(default_factory=list)  # one sentence each: what is wrong, what to do
     renamed: list[str] = field(default_factory=list)  # "their name -> our name"
+    not_graded: list[str] = field(default_factory=list)  # optional notebooks handed in, left out
 
     @property
     def ok(self) -> bool:
@@ -66,8 +67,11 @@ def _notebook_files(entry: Path):
             yield str(rel), (lambda info=info: archive.read(info))
 
 
-def collect_one(entry: Path, expected: list[str], destination: Path) -> Collected:
-    """Collect one inbox entry into ``destination/<student>/`` (replacing what was there)."""
+def collect_one(entry: Path, expected: list[str], destination: Path, optional: tuple[str, ...] = ()) -> Collected:
+    """Collect one inbox entry into ``destination/<student>/`` (replacing what was there).
+
+    ``optional`` names the lab's ungraded notebooks: handed in, they are noted and left out.
+    """
     student = entry.stem if entry.suffix.lower() == ".zip" else entry.name
     result = Collected(student, entry.name)
     if not STUDENT_ID.match(student):
@@ -81,6 +85,9 @@ def collect_one(entry: Path, expected: list[str], destination: Path) -> Collecte
             name = PurePosixPath(rel).name
             target = name[:-len(".ipynb")] if name in {f"{e}.ipynb" for e in expected} \
                 else by_canonical.get(canonical(name))
+            if target is None and canonical(name) in {canonical(o) for o in optional}:
+                result.not_graded.append(f"{rel}: optional, not graded; it was left out")
+                continue
             if target is None:
                 result.problems.append(f"{rel}: not a notebook of this lab (expected "
                                        f"{', '.join(e + '.ipynb' for e in expected)}); it is not graded.")
@@ -126,7 +133,8 @@ def collect(inbox: Path, course_root: Path = course.COURSE_ROOT) -> list[Collect
         raise course.CourseError(f"{inbox} is not a folder: pass the folder that holds one folder "
                                  "or zip file per student.")
     assignment = course.assignment_id(course_root)
-    expected = [p.stem for p in course.masters(course_root)]
+    expected = [p.stem for p in course.graded_masters(course_root)]
+    optional = tuple(p.stem for p in course.masters(course_root) if p.stem not in expected)
     submitted = course_root / "submitted"
     out = []
     for entry in sorted(inbox.iterdir()):
@@ -136,7 +144,7 @@ def collect(inbox: Path, course_root: Path = course.COURSE_ROOT) -> list[Collect
             out.append(Collected(entry.stem, entry.name, problems=[
                 f"{entry.name}: neither a student folder nor a zip file; it was skipped."]))
             continue
-        result = collect_one(entry, expected, submitted)
+        result = collect_one(entry, expected, submitted, optional)
         staged = submitted / result.student / "lab_tmp"
         if staged.is_dir():  # swap in the new submission only once it was read
             final = submitted / result.student / assignment
@@ -153,6 +161,8 @@ def print_collected(collected: list[Collected]) -> None:
         print(f"{c.student:20s} {len(c.notebooks)} notebook(s) collected  {status}")
         for line in c.renamed:
             print(f"    renamed: {line}")
+        for line in c.not_graded:
+            print(f"    {line}")
         for line in c.problems:
             print(f"    {line}")
     bad = sum(not c.ok for c in collected)

@@ -73,6 +73,12 @@ def masters(course_root: Path = COURSE_ROOT) -> list[Path]:
     return sorted(masters_dir(course_root).glob("*.ipynb"))
 
 
+def graded_masters(course_root: Path = COURSE_ROOT) -> list[Path]:
+    """The masters that are graded: those with an autograded test cell. An optional notebook
+    (08_distributed) has none; it is released to students, but neither collected nor graded."""
+    return [p for p in masters(course_root) if graded_test_cells(nbformat.read(p, as_version=4))]
+
+
 def setup_cell_source(template: Path = SETUP_TEMPLATE) -> str:
     """The setup cell's source: the template file's text without its trailing newline."""
     return Path(template).read_text().rstrip("\n")

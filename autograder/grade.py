@@ -300,7 +300,7 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
     batch = batch or Batch.prepare(course_root, timeout_s)
     assignment = course.assignment_id(course_root)
     folder = course_root / "submitted" / student / assignment
-    names = lab_order(p.stem for p in course.masters(course_root))
+    names = lab_order(p.stem for p in course.graded_masters(course_root))
     store = course_root / "results" / student  # the grader's measurements: what 06 and the reports read
     work = batch.course_root / "sandbox" / student  # the kernel's side
     for path in (store, work):

@@ -287,3 +287,87 @@ class PhaseClock:
         now = _clock()
         self.totals_s[phase] += now - self._last
         self._last = now
+
+
+@dataclass(frozen=True)
+class Utilisation:
+    """How busy the device was while a function ran, sampled (Used by: 01, 02)."""
+
+    what: str  # what was sampled, in words
+    percent: float | None  # the mean of the samples (None: nothing could be sampled here)
+    samples: int
+    note: str = ""  # why nothing was sampled, or how to read the number
+
+
+def _gpu_sampler(device: torch.device) -> tuple[Callable[[], float], str]:
+    """A function reading the GPU's utilisation now, and its source: NVML through
+    ``torch.cuda.utilization`` (nvidia-ml-py), else one ``nvidia-smi --query-gpu`` per sample."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        torch.cuda.utilization(index)
+        return (lambda: float(torch.cuda.utilization(index))), "torch.cuda.utilization (NVML)"
+    except Exception:  # no nvidia-ml-py, or NVML unusable: ask nvidia-smi
+        import subprocess
+
+        command = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", str(index)]
+
+        def read() -> float:
+            return float(subprocess.run(command, capture_output=True, text=True, check=True, timeout=5).stdout)
+        read()
+        return read, "nvidia-smi --query-gpu=utilization.gpu"
+
+
+def utilisation(fn: Callable[[], object], device: torch.device | str, *, interval_s: float = 0.1) -> Utilisation:
+    """Sample how busy ``device`` is, every ``interval_s``, while ``fn()`` runs (Used by: 01, 02).
+
+    On CUDA: the GPU utilisation that ``nvidia-smi`` shows, the share of each sample period in
+    which *any* kernel ran (one small kernel on one of 100+ SMs counts as busy). On a CPU: the
+    share of this machine's cores that this process kept busy (psutil), which is the CPU's
+    nearest stand-in: it says the cores worked, not whether on the model or on decoding JPEGs.
+    """
+    import threading
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            read, source = _gpu_sampler(device)
+        except Exception as err:
+            return Utilisation("GPU utilisation", None, 0, f"could not read it ({type(err).__name__}: {err}); "
+                               "pip install nvidia-ml-py, or check that nvidia-smi runs")
+        what = f"GPU utilisation ({source})"
+    elif device.type == "cpu":
+        import os
+
+        import psutil
+
+        process, cores = psutil.Process(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count()
+        process.cpu_percent()  # starts psutil's interval: each later call covers the time since the last
+
+        def read() -> float:
+            return process.cpu_percent() / cores
+        what = f"CPU: share of this process's {cores} cores kept busy (psutil)"
+    else:
+        return Utilisation(f"{device.type} utilisation", None, 0,
+                           f"no utilisation counter is read on {device.type}; the data-wait share still is")
+    samples: list[float] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(interval_s):
+            try:
+                samples.append(read())
+            except Exception:  # one failed read loses one sample, not the measurement
+                pass
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        fn()
+        sync(device)
+    finally:
+        done.set()
+        thread.join()
+    if not samples:
+        return Utilisation(what, None, 0, f"the run was shorter than one {interval_s} s sample")
+    return Utilisation(what, float(np.mean(samples)), len(samples))

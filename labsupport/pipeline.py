@@ -47,6 +47,17 @@ def naive_transform(image_size: int, augment: bool = True) -> transforms.Compose
     return transforms.Compose([*steps, transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
 
 
+# A line profiler reports per line of a function's source file, and memory_profiler's cannot read
+# a function defined in a notebook: it needs one in a file, such as this one (Used by: 01).
+def transform_by_line(image, steps):
+    """The naive transform's five steps (``naive_transform(size).transforms``), one per line."""
+    image = steps[0](image)  # RandomResizedCrop
+    image = steps[1](image)  # RandomHorizontalFlip
+    image = steps[2](image)  # ColorJitter
+    tensor = steps[3](image)  # ToTensor
+    return steps[4](tensor)  # Normalize
+
+
 def naive_loader(profile: Profile, *, root: Path | str | None = None, split: str = "train",
                  augment: bool = True, seed: int = 0) -> DataLoader:
     """The baseline loader: PIL in the main process, no workers, no pinned memory (Used by: 01, 02).
@@ -61,15 +72,31 @@ def naive_loader(profile: Profile, *, root: Path | str | None = None, split: str
                       generator=torch.Generator().manual_seed(seed))
 
 
-def forever(loader) -> Iterator:
-    """Yield batches from ``loader`` epoch after epoch, for step-count-driven loops (Used by: 01-06)."""
-    while True:
-        yielded = False
-        for batch in loader:
-            yielded = True
-            yield batch
-        if not yielded:
-            raise ValueError("The loader yielded no batches: is the dataset smaller than a batch?")
+class forever:  # noqa: N801 (lower case: it is called like a function)
+    """Yield batches from ``loader`` epoch after epoch, for step-count-driven loops (Used by: 01-06).
+
+    It keeps no batch once handed out: a batch still held here would be freed inside the caller's
+    next step, which the memory profiler reports as a block "allocated before the profiling
+    started".
+    """
+
+    def __init__(self, loader):
+        self.loader, self._batches, self._fresh = loader, iter(loader), True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                if self._fresh:
+                    raise ValueError("The loader yielded no batches: is the dataset smaller than a batch?") from None
+                self._batches, self._fresh = iter(self.loader), True
+                continue
+            self._fresh = False
+            return batch
 
 
 def decode_once(split: str = "train", *, size: int | None = None, root: Path | str | None = None,

@@ -8,7 +8,7 @@ submissions built from the reference (so that what the attack alone costs or gai
   give itself extra credit, zero everyone else and lock the gradebook, flood the output, and
   (after the tests) a fork storm.
 - ``cheater``: the kernel's own verdicts bent: 01 points the thresholds at a lenient copy
-  (environment variables) and halves its timing; 02 is the blank release with an input
+  (environment variables), halves its timing and types its profiler's top operators; 02 is the blank release with an input
   transformer that turns every ``.require()`` cell into ``pass``; 06 types its five stages in.
 - ``outsider``: reaches out of the kernel: 01's ``diagnose`` asks the network first; 02's
   ``make_fast_loader`` executes the master's solution from the course folder.
@@ -138,6 +138,13 @@ except OSError as _err:
     print("the disk stopped me:", _err)
 '''
 
+TYPED_TOP_OPERATORS = r'''def top_operators(averages, device, n=5):
+    """My laptop's table, typed in: the top operators are the same everywhere, aren't they?"""
+    return [("aten::convolution_backward", 366.0), ("aten::mkldnn_convolution", 144.2),
+            ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 72.8),
+            ("aten::native_batch_norm_backward", 17.0), ("aten::native_batch_norm", 16.4)][:n]
+'''
+
 SLOW_HOOK = r'''import time
 
 get_ipython().events.register("pre_run_cell", lambda *args: time.sleep(20))
@@ -161,6 +168,7 @@ def build(attack: str, ref: dict, plain: dict) -> dict:
         nb01, nb02, nb06 = ref["01_profile"], plain["02_data_loading"], ref["06_report"]
         _insert_after(nb01, "measure_throughput", DOUBLED_THROUGHPUT)
         _insert_after(nb01, "measure_throughput", LENIENT_THRESHOLDS)
+        _insert_after(nb01, "top_operators", TYPED_TOP_OPERATORS)
         _insert_after(nb02, "setup", TRANSFORMER)
         _insert_after(nb06, "setup", FAKE_RECORDS)
         return {"01_profile": nb01, "02_data_loading": nb02, "06_report": nb06}

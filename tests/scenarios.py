@@ -22,7 +22,8 @@ they follow the masters whenever the lab changes:
   correctness partners covered what is measured (02 decodes its training images at half
   resolution and resizes them up, 03 trains only the last layer, 04 runs one full batch whatever
   ``micro_batches`` says, 05 compiles a decoy and returns the eager model).
-- ``honest-bugs``: mistakes a real student makes (02 shuffles labels with their own permutation,
+- ``honest-bugs``: mistakes a real student makes (01 counts the copy to the device as data wait
+  and ranks operators by total time, 02 shuffles labels with their own permutation,
   03 forgets ``scaler.update()``, 04 checkpoints without freezing BatchNorm's statistics in the
   recomputation).
 - ``patched-baseline``: the reference 02, plus a cell that slows ``PIL.Image.open``, which the
@@ -241,7 +242,16 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
             "    return model\n")
         return nbs
     if scenario == "honest-bugs":
-        nbs = {n: ref[n] for n in ("02_data_loading", "03_amp", "04_checkpointing")}
+        nbs = {n: ref[n] for n in ("01_profile", "02_data_loading", "03_amp", "04_checkpointing")}
+        cell = _by_id(nbs["01_profile"], "torch_profiler")
+        cell.source = _replace(cell.source, (
+            '    with record_function("data wait"):\n        batch = next(batches)\n'
+            '    with record_function("host to device"):\n        images, labels = step.to_device(*batch)\n'), (
+            '    with record_function("data wait"):  # the copy is part of getting the data, isn\'t it?\n'
+            '        images, labels = step.to_device(*next(batches))\n'))
+        cell = _by_id(nbs["01_profile"], "top_operators")
+        cell.source = _replace(cell.source, 'key=lambda event: getattr(event, key)',
+                               'key=lambda event: getattr(event, key.removeprefix("self_"))')  # total time
         cell = _by_id(nbs["02_data_loading"], "make_fast_loader")
         cell.source = _replace(cell.source, "self.gather(self.labels, idx)",
                                "self.gather(self.labels, label_order[i * b:(i + 1) * b])")

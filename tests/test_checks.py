@@ -9,6 +9,7 @@ exactly the code students are compared with. Runs on the tiny profile and datase
 graded there only where a test asks for it (``tiny:grades_speed=1``).
 """
 
+import json
 
 import pytest
 import torch
@@ -41,15 +42,17 @@ def statuses(notebook: str, namespace: dict) -> dict[str, str]:
 # 01 ------------------------------------------------------------------------------------------
 
 def test_01_reference_passes_and_missing_code_fails():
-    ns = solution("01", "measure_throughput", "diagnose")
-    found = checks.run("01", ns)
-    assert found["01-throughput-error"].status == "pass", found["01-throughput-error"].note
-    assert found["01-diagnose"].status == "pass", found["01-diagnose"].note
-    assert found["01-throughput-sync"].status == ("pass" if torch.cuda.is_available() else "n/a")
     missing = checks.run("01", {})
     assert {r.status for r in missing.values()} == {"fail"}
     assert "`measure_throughput` is not defined" in missing["01-throughput-error"].note
     assert "01-trace.json does not exist" in missing["01-trace"].note
+    assert "`top_operators` is not defined" in missing["01-top-operators"].note
+    ns = solution("01", "cell-03", "measure_throughput", "diagnose", "torch_profiler", "top_operators")
+    found = checks.run("01", ns)
+    assert {k: r.status for k, r in found.items() if k != "01-throughput-sync"} == {
+        "01-throughput-error": "pass", "01-diagnose": "pass", "01-trace": "pass", "01-phases-labelled": "pass",
+        "01-top-operators": "pass"}, {k: r.note for k, r in found.items()}
+    assert found["01-throughput-sync"].status == ("pass" if torch.cuda.is_available() else "n/a")
 
 
 def test_01_throughput_without_warmup_fails():
@@ -66,6 +69,37 @@ def test_01_diagnose_by_largest_single_phase_fails():
                                  "backward": "compute", "optimizer": "optimizer"}[max(b, key=b.get)]}
     result = checks.run("01", ns, only=("01-diagnose",))["01-diagnose"]
     assert result.status == "fail" and result.measured < 1
+
+
+def _top_by(rank_key: str, divisor: float = 1000):
+    """A top_operators that ranks by ``rank_key`` and reports self times divided by ``divisor``."""
+    def top_operators(averages, device, n=5):
+        ranked = sorted(averages, key=lambda e: getattr(e, rank_key), reverse=True)[:n]
+        return [(e.key, e.self_cpu_time_total / divisor) for e in ranked]
+    return top_operators
+
+
+@pytest.mark.parametrize("wrong", [
+    _top_by("cpu_time_total"),  # an honest bug: total time, which ranks labels and wrappers first
+    _top_by("self_cpu_time_total", divisor=1),  # microseconds reported as milliseconds
+    lambda averages, device, n=5: [("aten::convolution_backward", 366.0), ("aten::mkldnn_convolution", 144.0),
+                                   ("aten::native_batch_norm_backward", 17.0)][:n],  # this machine's table, typed
+], ids=["total-time", "microseconds", "typed"])
+def test_01_top_operators_by_total_time_in_the_wrong_unit_or_typed_fails(wrong):
+    result = checks.run("01", {"top_operators": wrong}, only=("01-top-operators",))["01-top-operators"]
+    assert result.status == "fail" and result.measured < 1, result.note
+
+
+def test_01_trace_without_the_phase_labels_fails():
+    path = ls.results.results_dir() / "traces" / "01-trace.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    events = [{"name": "aten::conv2d", "cat": "cpu_op"}, {"name": "forward", "cat": "user_annotation"},
+              {"name": "backward", "cat": "cpu_op"}]  # an operator named like a phase is not a label
+    path.write_text(json.dumps({"traceEvents": events}))
+    found = checks.run("01", {}, only=("01-trace",))
+    assert found["01-trace"].status == "pass"
+    assert found["01-phases-labelled"].status == "fail" and found["01-phases-labelled"].measured == 1
+    assert "'data wait', 'host to device', 'backward', 'optimizer'" in found["01-phases-labelled"].note
 
 
 def test_01_trace_must_be_a_chrome_trace(tmp_path):

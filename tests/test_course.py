@@ -48,7 +48,19 @@ def test_master_starts_with_the_locked_setup_cell(master):
                           "the template into every master) and commit the masters and notebooks/.")
 
 
-@pytest.mark.parametrize("master", MASTERS, ids=lambda p: p.stem)
+def test_optional_notebooks_are_registered_and_hold_no_solution():
+    """A master without graded test cells is optional (08_distributed): released to students, never
+    collected or graded, so it may hold no solution cell either."""
+    from labsupport import notebooks
+
+    optional = [m for m in MASTERS if m not in course.graded_masters()]
+    assert [m.stem for m in optional] == ["08_distributed"]
+    for master in optional:
+        assert notebooks.get(master.stem[:2]).graded == ()
+        assert not [c for c in _read(master).cells if c.metadata.get("nbgrader", {}).get("solution")]
+
+
+@pytest.mark.parametrize("master", course.graded_masters(), ids=lambda p: p.stem)
 def test_master_has_graded_test_cells_in_style(master):
     tests = course.graded_test_cells(_read(master))
     with_points = [c for c in tests if float(c.metadata["nbgrader"].get("points", 0)) > 0]

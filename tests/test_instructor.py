@@ -27,7 +27,8 @@ from labsupport import grading
 from labsupport.hardware import describe_machine
 
 POINTS = {  # grade id -> points, read from the masters (asserted against them below)
-    "01_profile": {"test_throughput": 3, "test_throughput_sync": 1, "test_diagnose": 2, "test_trace": 1},
+    "01_profile": {"test_throughput": 3, "test_throughput_sync": 1, "test_diagnose": 2, "test_trace": 1,
+                   "test_phases_labelled": 1, "test_top_operators": 2},
     "02_data_loading": {"test_loader_speedup": 3, "test_data_wait": 2},
     "03_amp": {"test_accuracy": 2, "test_amp_speedup": 3, "test_activation_memory": 2, "test_fp16_scaler": 2},
     "04_checkpointing": {"test_grad_match": 2, "test_activation_ratio": 2, "test_peak_ratio": 1,
@@ -73,10 +74,11 @@ LOSES = {
     # the points their own work would.
     "hostile": {},
     # 01: halved timing, graded against the grader's thresholds, not the lenient copy the kernel
-    # switched to; 02: the blank release (the transformer only fooled the kernel); 06: the typed
-    # stages are not the grader's (its correct assemble_ladder and its export keep their points).
-    "cheater": {"01_profile": {"test_throughput"}, "02_data_loading": set(POINTS["02_data_loading"]),
-                "06_report": {"test_stages", "test_end_to_end"}},
+    # switched to, and typed top operators, which are not the profile taken at grading time; 02:
+    # the blank release (the transformer only fooled the kernel); 06: the typed stages are not the
+    # grader's (its correct assemble_ladder and its export keep their points).
+    "cheater": {"01_profile": {"test_throughput", "test_top_operators"},
+                "02_data_loading": set(POINTS["02_data_loading"]), "06_report": {"test_stages", "test_end_to_end"}},
     # no network: diagnose raises; no course folder: the master's answer cannot be read.
     "outsider": {"01_profile": {"test_diagnose"}, "02_data_loading": set(POINTS["02_data_loading"])},
     # stopped at the disk quota, and what it wrote deleted: its carried code and trace too.
@@ -91,11 +93,14 @@ LOSES = {
     # break_even_steps is right).
     "shortcuts": {"02_data_loading": set(POINTS["02_data_loading"]), "03_amp": set(POINTS["03_amp"]),
                   "04_checkpointing": {"test_accumulation"}, "05_compile": {"test_compile_speedup"}},
-    # A real student's mistakes: labels shuffled apart from their images (02), no scaler.update()
-    # (only the float16 check uses an enabled GradScaler, and its second step raises), BatchNorm
-    # statistics updated twice by the recomputation (every 04 check partnered with the gradient
-    # and statistics match; accumulation does not checkpoint and keeps its points).
-    "honest-bugs": {"02_data_loading": set(POINTS["02_data_loading"]), "03_amp": {"test_fp16_scaler"},
+    # A real student's mistakes: the copy labelled as data wait (one of the five phases missing)
+    # and operators ranked by total time, so a label and wrappers come first (01); labels shuffled
+    # apart from their images (02), no scaler.update() (only the float16 check uses an enabled
+    # GradScaler, and its second step raises), BatchNorm statistics updated twice by the
+    # recomputation (every 04 check partnered with the gradient and statistics match;
+    # accumulation does not checkpoint and keeps its points).
+    "honest-bugs": {"01_profile": {"test_phases_labelled", "test_top_operators"},
+                    "02_data_loading": set(POINTS["02_data_loading"]), "03_amp": {"test_fp16_scaler"},
                     "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"}},
     # The kernel's slowed PIL.Image.open never reaches the grader's baseline: full marks for a
     # correct loader, and the grader's speedup is the honest one (asserted below).
@@ -107,7 +112,7 @@ LOSES = {
 }
 SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
            "shortcuts": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile"},
-           "honest-bugs": {"02_data_loading", "03_amp", "04_checkpointing"},
+           "honest-bugs": {"01_profile", "02_data_loading", "03_amp", "04_checkpointing"},
            "patched-baseline": {"02_data_loading"},
            "wrong-but-fast": {"02_data_loading", "03_amp", "04_checkpointing"},
            "monkeypatch": {"02_data_loading"}, "crash": {"01_profile"},
@@ -224,6 +229,9 @@ def test_collect_reports_each_problem_and_collects_the_rest(graded):
     assert "not a readable zip file" in " ".join(found["broken"].problems)
     assert found["reference"].ok and len(found["reference"].notebooks) == 6
     assert any("Copy of 01_profile.ipynb -> 01_profile.ipynb" in r for r in found["reference"].renamed)
+    # the optional 08 is handed in with the rest: noted, not collected, not a problem
+    assert found["reference"].not_graded == ["reference/08_distributed.ipynb: optional, not graded; it was left out"]
+    assert not (graded["root"] / "submitted" / "reference" / "lab" / "08_distributed.ipynb").exists()
     crash = found["crash"]
     assert crash.notebooks == ["01_profile"]
     assert sum("is missing" in p for p in crash.problems) == 5, crash.problems

@@ -122,3 +122,54 @@ def test_cuda_step_times_include_asynchronous_work():
     timing = measure.time_steps(launch_only, "cuda", warmup=2, steps=5)
     assert timing.method == "cuda-events"
     assert timing.median_ms >= 0.5 * synced * 1000, "CUDA step times missed queued kernels"
+
+
+def test_cpu_utilisation_tells_a_busy_process_from_an_idle_one():
+    x = torch.randn(1500, 1500)
+    busy = measure.utilisation(lambda: [x @ x for _ in range(60)], "cpu", interval_s=0.05)
+    idle = measure.utilisation(lambda: time.sleep(0.5), "cpu", interval_s=0.05)
+    assert "cores kept busy" in busy.what and busy.samples >= 3 and idle.samples >= 3
+    assert busy.percent > 40 > idle.percent, (busy, idle)
+
+
+def test_gpu_utilisation_falls_back_to_nvidia_smi_without_nvml(monkeypatch):
+    """The CUDA path's logic, on any machine: NVML unusable, one nvidia-smi query per sample."""
+    import subprocess
+
+    queries = []
+
+    def nvml_missing(device=None):
+        raise ModuleNotFoundError("nvidia-ml-py does not seem to be installed")
+
+    def fake_smi(command, **kwargs):
+        queries.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout="57\n", stderr="")
+
+    monkeypatch.setattr(torch.cuda, "utilization", nvml_missing)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(measure, "sync", lambda device: None)
+    monkeypatch.setattr(subprocess, "run", fake_smi)
+    found = measure.utilisation(lambda: time.sleep(0.35), "cuda", interval_s=0.05)
+    assert found.what == "GPU utilisation (nvidia-smi --query-gpu=utilization.gpu)"
+    assert found.percent == 57 and found.samples >= 3
+    assert queries[0][:3] == ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+
+
+def test_gpu_utilisation_that_cannot_be_read_says_why(monkeypatch):
+    import subprocess
+
+    def broken(*args, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(torch.cuda, "utilization", broken)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(subprocess, "run", broken)
+    found = measure.utilisation(lambda: None, "cuda")
+    assert found.percent is None and "nvidia-smi" in found.note
+
+
+@requires_cuda
+def test_gpu_utilisation_reads_a_busy_gpu():
+    a = torch.randn(4096, 4096, device="cuda")
+    found = measure.utilisation(lambda: [a @ a for _ in range(400)], "cuda", interval_s=0.05)
+    assert found.percent is not None and found.percent > 50, found

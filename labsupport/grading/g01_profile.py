@@ -4,6 +4,9 @@
 - ``01-throughput-sync``: on CUDA it times the kernels, not their launches.
 - ``01-diagnose``: ``diagnose`` names the bottleneck of crafted breakdowns and of this machine's.
 - ``01-trace``: the torch.profiler trace was written by this kernel and holds convolutions.
+- ``01-phases-labelled``: the trace labels the five phases of a step with ``record_function``.
+- ``01-top-operators``: ``top_operators`` reads the operators taking the most self time from
+  ``key_averages()``, as the profiler's own table sorts them, on a profile taken now.
 """
 
 from __future__ import annotations
@@ -112,9 +115,10 @@ def diagnose(namespace, lab):
                           note=note or f"this machine, measured now: {cases[-1][1]}")]
 
 
-@register("01-trace")
+@register("01-trace", "01-phases-labelled")
 def trace(namespace, lab):
-    """results/traces/01-trace.json was written by this kernel, parses, and holds convolution events."""
+    """results/traces/01-trace.json was written by this kernel, parses, holds convolution events,
+    and labels each phase of a step (train.PHASES) with record_function."""
     path = written_now(results.results_dir() / "traces" / "01-trace.json", "the torch.profiler cell of 01")
     try:
         events = json.loads(path.read_text())["traceEvents"]
@@ -122,7 +126,79 @@ def trace(namespace, lab):
         raise StudentCodeError(f"{path} is not a Chrome trace ({err}); export it with "
                                "prof.export_chrome_trace(path).") from None
     convs = sum(1 for e in events if "conv" in str(e.get("name", "")).lower())
+    labels = {str(e.get("name")) for e in events if e.get("cat") == "user_annotation"}
+    missing = [p for p in train.PHASES if p not in labels]
     return [judge("01-trace", convs, lab.machine.as_dict(),
-                          note=f"{len(events)} events, {convs} of them convolutions")]
+                  note=f"{len(events)} events, {convs} of them convolutions"),
+            judge("01-phases-labelled", len(train.PHASES) - len(missing), lab.machine.as_dict(),
+                  note=(f"no record_function label for {', '.join(map(repr, missing))} in the trace; "
+                        f"label each phase of the profiled step with ls.train.PHASES' names"
+                        if missing else "every phase of the step is labelled"))]
+
+
+def _self_time_us(event, device: torch.device) -> float:
+    """An operator's self time as the profiler's table counts it: on the device on CUDA, else on the CPU."""
+    return event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total
+
+
+def _decoy_workload() -> Callable[[], None]:
+    """Work whose largest *total* times (a user label around everything, then aten::linear, which
+    wraps the matrix product) are not its largest *self* times (aten::addmm, aten::mul)."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(256, 512, generator=g), torch.randn(512, 512, generator=g), torch.zeros(512)
+
+    def work():
+        with torch.profiler.record_function("## whole step ##"):
+            for _ in range(4):
+                y = torch.nn.functional.linear(x, w, b)
+                for _ in range(20):
+                    y = y * 1.0001
+    return work
+
+
+def _profiled(fn: Callable[[], object], device: torch.device, steps: int = 1):
+    """``key_averages()`` of ``steps`` calls of ``fn``, after one unprofiled warm-up call."""
+    fn()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            fn()
+        measure.sync(device)
+    return prof.key_averages()
+
+
+def _top_operators_problem(fn: Callable, averages, device: torch.device, n: int, what: str) -> str:
+    """Why ``fn(averages, device, n)`` is not the profiler's top ``n`` by self time ("" if it is)."""
+    want = sorted(averages, key=lambda e: _self_time_us(e, device), reverse=True)[:n]
+    got = fn(averages, device, n)
+    try:
+        got = [(str(name), float(ms)) for name, ms in got]
+    except (TypeError, ValueError):
+        raise StudentCodeError(f"top_operators must return a list of (operator name, self ms) pairs, "
+                               f"largest first; it returned {type(got).__name__}") from None
+    names = [e.key for e in want]
+    if [name for name, _ in got] != names:
+        return f"{what}: the table's top {n} by self time are {names}, you named {[name for name, _ in got]}"
+    for (name, ms), event in zip(got, want):
+        table_ms = _self_time_us(event, device) / 1000
+        if abs(ms - table_ms) > max(0.01 * table_ms, 1e-3):
+            return f"{what}: {name} has {table_ms:.3f} ms of self time in the table, you said {ms:.3f} ms"
+    return ""
+
+
+@register("01-top-operators")
+def top_operators(namespace, lab):
+    """top_operators() names the operators with the most self time, as key_averages() counts them,
+    on a crafted profile (where total time ranks differently) and on the step, profiled now."""
+    fn = student(namespace, "top_operators", "01")
+    step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+    run_step = train.pipeline_step(pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed)), step)
+    cases = [(_profiled(_decoy_workload(), torch.device("cpu")), torch.device("cpu"), 3, "a crafted profile"),
+             (_profiled(run_step, lab.device), lab.device, 5, "the naive step, profiled now")]
+    problems = [p for p in (_top_operators_problem(fn, *case) for case in cases) if p]
+    return [judge("01-top-operators", 1 - len(problems) / len(cases), lab.machine.as_dict(),
+                  note="; ".join(problems) or "the profiler's top operators by self time, on both profiles")]
 
 
