@@ -120,10 +120,20 @@ def decode_once(split: str = "train", *, size: int | None = None, root: Path | s
         # prints "AssertionError: can only test a child process" (harmless, but alarming).
         gc.collect()
     loader = DataLoader(data, batch_size=256, num_workers=workers, shuffle=False)
+    bar = None
     if progress:
         from tqdm.auto import tqdm
-        loader = tqdm(loader, desc=f"decoding {split} once", leave=False)
-    images, labels = zip(*loader)
+        bar = tqdm(total=len(loader), desc=f"decoding {split} once", leave=False)
+    images, labels = [], []
+    # The loader is iterated here, to its end, and not through tqdm: an iterator wrapped by tqdm
+    # was left with its workers running, and collecting it later stalled 5 s on joining them.
+    for x, y in loader:
+        images.append(x)
+        labels.append(y)
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
     return torch.cat(images), torch.cat(labels)
 
 
