@@ -13,7 +13,8 @@ micro-batches, the accumulation is the student's own ``accumulate_step`` from no
 on a network that puts every micro-batch's forward but the last under ``no_sync`` (DDP decides
 in the forward whether the backward after it all-reduces), so only the last one all-reduces.
 On a GPU node the backend is NCCL and each process owns one GPU; here the processes share the
-CPU's cores, which is why the scaling measured here is an honest lower bound, not a forecast.
+CPU's cores and memory bandwidth, so what is measured here is how DDP behaves on this machine,
+not a forecast for a GPU node.
 """
 
 from __future__ import annotations
