@@ -289,7 +289,7 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--output", type=Path, default=None, help="where to write the HTML")
     rep.set_defaults(func=cmd_report)
     run = sub.add_parser(
-        "run", help="execute the six reference notebooks in order, export the report to HTML",
+        "run", help="execute the reference notebooks in order, export the report to HTML",
         description="Execute the masters (reference solutions) headless in order on this "
                     "machine's profile in BUILD/run, export the comparison report to "
                     "BUILD/report.html, and print the ladder. This is `make run`.")

@@ -6,7 +6,7 @@ The student's kernel runs the notebook; the grader decides the grade. For each s
 1. Look for edited read-only cells (test cells, the graded-checks cell, the setup cell) by
    comparing them with the gradebook's record of the release. nbgrader restores them before it
    runs anything; the change is reported here and in the summary.
-2. Run the six notebooks one at a time, **in lab order** (01 ... 06), with nbgrader's autograde,
+2. Run the graded notebooks one at a time, **in lab order** (01 ... 07), with nbgrader's autograde,
    each kernel in the submission's sandbox (:mod:`.sandbox`: no network, no view of the course,
    the gradebook or other students, bounded processes, disk, output and wall clock).
 3. After each notebook, re-run its graded checks in a fresh verdict process (:mod:`.verdicts`),

@@ -306,6 +306,13 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
         parts.append("<p>No graded checks were run yet: run each notebook's \"Check your work\" cell.</p>")
     else:
         parts.append(_table(checks, "checks", index=False))
+    parts.append('<h2 id="inference">Inference: pruning and int8 (07)</h2>')
+    found = inference()
+    if isinstance(found, str):
+        parts.append(f"<p>{html.escape(found)}</p>")
+    else:
+        parts += [_table(found, "inference", float_format=lambda v: f"{v:,.2f}"),
+                  f"<p><small>{html.escape(INFERENCE_NOTE)}</small></p>"]
     for name, frame in (extra or {}).items():
         parts += [f"<h2>{html.escape(name)}</h2>", _table(frame, "extra")]
     parts.append('<h2 id="analysis">Analysis</h2>')
@@ -313,6 +320,23 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
                  "<p>The written analysis is in 06_report.ipynb (its notebook was not beside the kernel "
                  "that exported this page).</p>")
     return write_page(path, title, parts)
+
+
+INFERENCE_STAGE = "07-inference"
+INFERENCE_NOTE = ("Not a rung of the ladder: inference, not training. Measured on the CPU at 32 px, per "
+                  "request of 32 images, each model compiled with the student's 05 compile_inference (and also run eagerly); "
+                  "accuracy on the validation split. Sizes are the bytes of the tensors each model runs on.")
+
+
+def inference(directory: Path | str | None = None) -> pd.DataFrame | str:
+    """07's table (fp32, pruned, int8: size, latency percentiles, accuracy), or a sentence saying
+    which notebook records it (Used by: export_html, 07)."""
+    try:
+        rec = results.load(INFERENCE_STAGE, Path(directory) if directory else None)
+    except results.ResultsError as err:
+        return (f"Not recorded yet: {err} 07 comes after this notebook; its last cell exports this "
+                "report again with this section.")
+    return pd.DataFrame(rec["metrics"]["models"]).set_index("model")
 
 
 def figure_html(fig, alt: str) -> str:

@@ -255,13 +255,15 @@ PARITY_MAX_LR = 0.05
 
 
 def parity_run(step: TrainStep, train_images, train_labels, val_images, val_labels, *, steps: int,
-               batch_size: int, seed: int = 0, progress: bool = False) -> float:
-    """Train ``step`` for ``steps`` steps (one-cycle LR, random flips) and return val accuracy.
+               batch_size: int, seed: int = 0, progress: bool = False, max_lr: float = PARITY_MAX_LR,
+               validate: bool = True) -> float | None:
+    """Train ``step`` for ``steps`` steps (one-cycle LR to ``max_lr``, random flips) and return val
+    accuracy (None without ``validate``).
 
     Data order and flips come from ``seed``, so two steps trained with the same seed see the same
-    batches. Used by: the 03 accuracy check and notebook 03.
+    batches. Used by: the 03 accuracy check, notebook 03, and 07's training and fine-tune.
     """
-    sched = torch.optim.lr_scheduler.OneCycleLR(step.optimizer, max_lr=PARITY_MAX_LR,
+    sched = torch.optim.lr_scheduler.OneCycleLR(step.optimizer, max_lr=max_lr,
                                                 total_steps=steps, pct_start=0.25)
     g = torch.Generator().manual_seed(seed)
     loop = range(steps)
@@ -274,6 +276,8 @@ def parity_run(step: TrainStep, train_images, train_labels, val_images, val_labe
         x = torch.where((torch.rand(batch_size, generator=g) < 0.5).view(-1, 1, 1, 1), x.flip(3), x)
         step(*step.to_device(x, train_labels[idx]))
         sched.step()
+    if not validate:
+        return None
     batches = zip(val_images.split(256), val_labels.split(256))
     return evaluate(step, batches)
 
@@ -301,7 +305,9 @@ def exact_fp32():
     torch's ``fp32_precision`` settings (torch 2.9+; the older boolean TF32 flags are deprecated
     and must not be mixed with them). A no-op for CPU work.
     """
-    settings = [torch.backends.cuda.matmul, torch.backends.cudnn]
+    # cudnn.conv too: a child set explicitly stops inheriting cudnn's setting, and torch.export
+    # sets it (torch 2.14: after an export, cudnn.conv.fp32_precision stays "tf32" whatever cudnn says).
+    settings = [torch.backends.cuda.matmul, torch.backends.cudnn, torch.backends.cudnn.conv]
     saved = [owner.fp32_precision for owner in settings]
     try:
         for owner in settings:

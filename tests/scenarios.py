@@ -16,16 +16,17 @@ they follow the masters whenever the lab changes:
 - ``infinite-loop``: in 01, the cell that defines ``measure_throughput`` never ends.
 - ``tampered``: in 02, no solution, and the test cells and the graded-checks cell are edited to
   pass.
-- ``slow-loader``: the reference with a correct but slower 02 loader, 04 and 05 not submitted.
+- ``slow-loader``: the reference with a correct but slower 02 loader, 04, 05 and 07 not submitted.
 - ``reuse``: answers reused from where they used to ship.
 - ``shortcuts``: each does less than the check times, and passed the checks before their
   correctness partners covered what is measured (02 decodes its training images at half
   resolution and resizes them up, 03 trains only the last layer, 04 runs one full batch whatever
-  ``micro_batches`` says, 05 compiles a decoy and returns the eager model).
+  ``micro_batches`` says, 05 compiles a decoy and returns the eager model, 07 rounds the weights
+  to int8 levels and keeps them in float32).
 - ``honest-bugs``: mistakes a real student makes (01 counts the copy to the device as data wait
   and ranks operators by total time, 02 shuffles labels with their own permutation,
   03 forgets ``scaler.update()``, 04 checkpoints without freezing BatchNorm's statistics in the
-  recomputation).
+  recomputation, 07 makes its pruning permanent before the fine-tune).
 - ``patched-baseline``: the reference 02, plus a cell that slows ``PIL.Image.open``, which the
   naive loader (the baseline of the speedup) reads every image with.
 - the attacks on the grader in ``attacks.py``: ``hostile``, ``cheater``, ``outsider``, ``filler``,
@@ -182,8 +183,8 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
         # The reference with a correct but slower 02 loader: the same batches, each after a pause.
         # Every later rung and 06's end-to-end check must use it (the student's own ladder).
         # 04 and 05 are not submitted, to keep the tests short: their rungs run the same carried
-        # loader as 03's, through the same code (labsupport/grading/rungs.py).
-        nbs = {n: nb for n, nb in ref.items() if n not in ("04_checkpointing", "05_compile")}
+        # loader as 03's, through the same code (labsupport/grading/rungs.py); 07 records no rung.
+        nbs = {n: nb for n, nb in ref.items() if n not in ("04_checkpointing", "05_compile", "07_compression")}
         cell = _by_id(nbs["02_data_loading"], "make_fast_loader")
         cell.source = ("import time\n\n" + cell.source.replace("def make_fast_loader(", "def _decode_once_loader(", 1)
                        + "\n\n\ndef make_fast_loader(lab, split=\"train\", augment=True):\n"
@@ -217,7 +218,15 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
             "def assemble_ladder(frame):\n    return ls.report.ladder_from_frame(frame)\n")
         return nbs
     if scenario == "shortcuts":
-        nbs = {n: ref[n] for n in ("02_data_loading", "03_amp", "04_checkpointing", "05_compile")}
+        nbs = {n: ref[n] for n in ("02_data_loading", "03_amp", "04_checkpointing", "05_compile", "07_compression")}
+        _by_id(nbs["07_compression"], "quantize_int8").source = (
+            "def quantize_int8(model, calibration):\n"
+            "    with torch.no_grad():  # int8's rounding simulated in float32: its accuracy, without the export\n"
+            "        for m in model.modules():\n"
+            "            if isinstance(m, (nn.Conv2d, nn.Linear)):\n"
+            "                scale = m.weight.abs().amax() / 127\n"
+            "                m.weight.copy_((m.weight / scale).round().clamp(-128, 127) * scale)\n"
+            "    return model\n")
         cell = _by_id(nbs["02_data_loading"], "make_fast_loader")
         cell.source = _replace(cell.source, "self.images, self.labels = ls.pipeline.decode_once(split, size=size)\n", (
             "self.images, self.labels = ls.pipeline.decode_once(split, size=size)\n"
@@ -242,7 +251,11 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
             "    return model\n")
         return nbs
     if scenario == "honest-bugs":
-        nbs = {n: ref[n] for n in ("01_profile", "02_data_loading", "03_amp", "04_checkpointing")}
+        nbs = {n: ref[n] for n in ("01_profile", "02_data_loading", "03_amp", "04_checkpointing", "07_compression")}
+        cell = _by_id(nbs["07_compression"], "prune_globally")  # permanent at once: the fine-tune regrows the zeros
+        cell.source = _replace(cell.source, "    return model\n",
+                               "    for m, name in layers:\n        prune.remove(m, name)  # done: zeros in the weights\n"
+                               "    return model\n")
         cell = _by_id(nbs["01_profile"], "torch_profiler")
         cell.source = _replace(cell.source, (
             '    with record_function("data wait"):\n        batch = next(batches)\n'

@@ -144,7 +144,7 @@ def _pid(path: Path, wait_s: float = 10) -> int:
     """The PID a daemon wrote (it writes the file after forking, so wait for it)."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # IndexError: created, not yet written
             return int(path.read_text().split()[0])
         time.sleep(0.1)
     raise Unavailable(f"{path} was never written")

@@ -445,3 +445,96 @@ def test_05_on_a_gpu_older_than_compute_capability_7_compile_is_na_and_not_attem
     assert found["05-break-even"].status == "pass", found["05-break-even"]
     ns["break_even_steps"] = lambda c, e, k: c / (e - k)
     assert checks.run("05", ns, only=("05-break-even",))["05-break-even"].status == "fail"
+
+
+# 07 ------------------------------------------------------------------------------------------
+
+def test_07_reference_passes_and_missing_code_fails():
+    missing = checks.run("07", {})
+    assert {r.status for r in missing.values()} == {"fail"}
+    assert "`prune_globally` is not defined" in missing["07-sparsity"].note
+    assert "`quantize_int8` is not defined" in missing["07-int8-size"].note
+    found = checks.run("07", solution("07"), keep=False)
+    assert {k: r.status for k, r in found.items()} == {
+        "07-sparsity": "pass", "07-pruned-accuracy": "n/a", "07-int8-size": "pass",
+        "07-int8-speedup": "n/a", "07-int8-accuracy": "n/a"}, {k: r.note for k, r in found.items()}
+    assert abs(found["07-sparsity"].measured - 0.5) < 0.005 and found["07-int8-size"].measured < 0.26
+
+
+def test_07_masks_removed_before_the_fine_tune_lose_their_zeros():
+    """The honest bug: pruning made permanent at once, so the fine-tune trains the zeros back."""
+    ns = solution("07")
+    prune_globally, make_permanent = ns["prune_globally"], ns["make_permanent"]
+    ns["prune_globally"] = lambda model, amount: make_permanent(prune_globally(model, amount))
+    found = checks.run("07", ns, only=("07-sparsity",), keep=False)
+    sparse = found["07-sparsity"]
+    # the tiny profile fine-tunes 2 steps: a third of the zeros are still zero (40 steps at the real profile)
+    assert sparse.status == "fail" and "trained back" in sparse.note and sparse.measured < 0.45, sparse
+    assert found["07-pruned-accuracy"].status == "fail"  # no accuracy earned for a model that is not pruned
+
+
+def test_07_zeros_only_in_the_masks_and_layer_by_layer_pruning_fail():
+    import torch.nn.utils.prune as prune
+
+    ns = solution("07")
+    ns["make_permanent"] = lambda model: model  # the masks left in place: weight_orig is dense
+    sparse = checks.run("07", ns, only=("07-sparsity",), keep=False)["07-sparsity"]
+    assert sparse.status == "fail" and "weight_orig and weight_mask" in sparse.note and sparse.measured == 0, sparse
+
+    def per_layer(model, amount):  # 50% of each layer: the same count, not the smallest overall
+        for _, m in ls.compress.prunable(model):
+            prune.l1_unstructured(m, "weight", amount=amount)
+        return model
+    ns = solution("07")
+    ns["prune_globally"] = per_layer
+    sparse = checks.run("07", ns, only=("07-sparsity",), keep=False)["07-sparsity"]
+    assert sparse.status == "fail" and "layer by layer" in sparse.note and abs(sparse.measured - 0.5) < 0.01, sparse
+
+
+def test_07_a_model_that_is_not_int8_fails_size_and_its_partners():
+    """fp32 returned as is; fp16 weights (half the bytes, no int8); int8 copies kept beside the fp32
+    weights the model really runs on."""
+    import torch.nn as nn
+
+    class Beside(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+            for i, (_, m) in enumerate(ls.compress.prunable(model)):
+                self.register_buffer(f"q{i}", m.weight.detach().to(torch.int8))
+
+        def forward(self, x):
+            return self.model(x)
+
+    class Half(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model.half()
+
+        def forward(self, x):
+            return self.model(x.half()).float()
+
+    for cheat, why in ((lambda model, calibration: model, "not stored in int8"),
+                       (lambda model, calibration: Half(model), "not stored in int8"),
+                       (lambda model, calibration: Beside(model), "")):
+        ns = solution("07")
+        ns["quantize_int8"] = cheat
+        found = checks.run("07", ns, only=("07-int8-size",), keep=False)
+        size = found["07-int8-size"]
+        assert size.status == "fail" and why in size.note, size
+        if why:  # not int8: nothing else is earned either
+            assert found["07-int8-speedup"].status == found["07-int8-accuracy"].status == "fail"
+        else:  # int8 beside fp32: the fp32 weights are counted
+            assert size.measured > 1.0, size
+
+
+def test_07_int8_speed_is_graded_at_a_profile_that_grades_speed(monkeypatch):
+    """Speed and accuracy, measured where the profile grades them (tiny, with a few steps only):
+    the reference's int8 model, compiled with the reference's 05 compile_inference (carried), is
+    compared paired with fp32 compiled the same way."""
+    monkeypatch.setenv("LAB_PROFILE", "tiny:grades_speed=1")
+    monkeypatch.setattr(ls.compress, "TRAIN_STEPS", 2)  # a profile that grades speed trains 160 steps
+    found = checks.run("07", solution("07"), only=("07-int8-speedup",), keep=False)
+    fast = found["07-int8-speedup"]
+    assert fast.status in ("pass", "fail") and fast.measured > 0 and "05 compile_inference" in fast.note, fast
+    assert found["07-int8-accuracy"].measured is not None

@@ -35,6 +35,8 @@ POINTS = {  # grade id -> points, read from the masters (asserted against them b
                          "test_fits_budget": 2, "test_time_overhead": 1, "test_accumulation": 2},
     "05_compile": {"test_compile_speedup": 3, "test_break_even": 2},
     "06_report": {"test_stages": 2, "test_ladder_table": 2, "test_end_to_end": 3, "test_html": 1},
+    "07_compression": {"test_sparsity": 2, "test_pruned_accuracy": 1, "test_int8_size": 2, "test_int8_speedup": 2,
+                       "test_int8_accuracy": 1},
 }
 
 # What each scenario loses, cell by cell, on the tiny profile: {notebook: cells that score 0}.
@@ -67,7 +69,7 @@ LOSES = {
     # stages fail too, since 01 was not submitted.
     # correct but slower: speed is not graded at the tiny profile, so it keeps every point here
     # (test_the_ladder_is_the_students_own shows the slower loader in its ladder instead).
-    # 04 and 05 not submitted: 06 finds their stages missing (the end-to-end check needs them all).
+    # 04, 05 and 07 not submitted: 06 finds their stages missing (the end-to-end check needs them all).
     "slow-loader": {"06_report": {"test_stages", "test_end_to_end"}},
     # Attacks on the grader (tests/attacks.py). What they did in the kernel reaches nothing else:
     # the hostile one's 01 is the reference's work and keeps its points; the others lose exactly
@@ -90,18 +92,23 @@ LOSES = {
     # image at the profile's size; 03's step leaves 60 of 62 weight tensors unchanged, which
     # every 03 check needs; 04's one full-batch forward shows no micro-batches (its checkpointing
     # is the reference's); 05's eager model fires a forward hook in the timed calls (its
-    # break_even_steps is right).
+    # break_even_steps is right); 07's int8 rounding simulated in float32 stores no int8 weight
+    # (its pruning is the reference's).
     "shortcuts": {"02_data_loading": set(POINTS["02_data_loading"]), "03_amp": set(POINTS["03_amp"]),
-                  "04_checkpointing": {"test_accumulation"}, "05_compile": {"test_compile_speedup"}},
+                  "04_checkpointing": {"test_accumulation"}, "05_compile": {"test_compile_speedup"},
+                  "07_compression": {"test_int8_size", "test_int8_speedup", "test_int8_accuracy"}},
     # A real student's mistakes: the copy labelled as data wait (one of the five phases missing)
     # and operators ranked by total time, so a label and wrappers come first (01); labels shuffled
     # apart from their images (02), no scaler.update() (only the float16 check uses an enabled
     # GradScaler, and its second step raises), BatchNorm statistics updated twice by the
     # recomputation (every 04 check partnered with the gradient and statistics match;
-    # accumulation does not checkpoint and keeps its points).
+    # accumulation does not checkpoint and keeps its points), pruning made permanent before the
+    # fine-tune, which trains the zeros back (07: the pruned model's accuracy is not earned either;
+    # int8 keeps its points).
     "honest-bugs": {"01_profile": {"test_phases_labelled", "test_top_operators"},
                     "02_data_loading": set(POINTS["02_data_loading"]), "03_amp": {"test_fp16_scaler"},
-                    "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"}},
+                    "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"},
+                    "07_compression": {"test_sparsity", "test_pruned_accuracy"}},
     # The kernel's slowed PIL.Image.open never reaches the grader's baseline: full marks for a
     # correct loader, and the grader's speedup is the honest one (asserted below).
     "patched-baseline": {},
@@ -111,24 +118,25 @@ LOSES = {
               "05_compile": set(POINTS["05_compile"]), "06_report": set(POINTS["06_report"])},
 }
 SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
-           "shortcuts": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile"},
-           "honest-bugs": {"01_profile", "02_data_loading", "03_amp", "04_checkpointing"},
+           "shortcuts": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile", "07_compression"},
+           "honest-bugs": {"01_profile", "02_data_loading", "03_amp", "04_checkpointing", "07_compression"},
            "patched-baseline": {"02_data_loading"},
            "wrong-but-fast": {"02_data_loading", "03_amp", "04_checkpointing"},
            "monkeypatch": {"02_data_loading"}, "crash": {"01_profile"},
            "infinite-loop": {"01_profile"}, "tampered": {"02_data_loading"},
            "reuse": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile", "06_report"},
-           "slow-loader": set(POINTS) - {"04_checkpointing", "05_compile"}, "hostile": {"01_profile"},
+           "slow-loader": set(POINTS) - {"04_checkpointing", "05_compile", "07_compression"}, "hostile": {"01_profile"},
            "cheater": {"01_profile", "02_data_loading", "06_report"},
            "outsider": {"01_profile", "02_data_loading"}, "filler": {"01_profile"}, "sleeper": {"01_profile"}}
 # Notebooks of a scenario left out of this batch, to keep make test under 30 minutes: each one's
 # wrong code is graded on its own in tests/test_checks.py (hardcoded 05's uncompiled model:
 # test_05_break_even_and_outputs...; wrong-but-fast 03's missing backward and 04's unscaled
 # accumulation: test_03_step_that_skips_backward_fails, test_04_accumulation_...; reuse 03 and 04
-# call what 02 shows gone), and hardcoded 02 and 05 at the real profile below (hardcoded 02, the
-# naive loader, is correct and only slow, which the tiny profile does not grade).
+# call what 02 shows gone; shortcuts 05's decoy compile: test_05_the_timed_calls_must_run_the_models_
+# compiled_graph), and hardcoded 02 and 05 at the real profile below (hardcoded 02, the naive
+# loader, is correct and only slow, which the tiny profile does not grade).
 NOT_HANDED_IN = {"hardcoded": ("02_data_loading", "05_compile"), "wrong-but-fast": ("03_amp", "04_checkpointing"),
-                 "reuse": ("03_amp", "04_checkpointing")}
+                 "reuse": ("03_amp", "04_checkpointing"), "shortcuts": ("05_compile",)}
 LOOP_TIMEOUT_S = 25  # the per-cell limit for the batch with the infinite loop
 SLEEPER_BUDGET_S = 30  # the wall clock of one notebook in the sleeper's batch (it sleeps 20 s a cell)
 NO_SANDBOX = sandbox.problem()
@@ -228,7 +236,7 @@ def test_points_table_matches_the_masters():
 def test_collect_reports_each_problem_and_collects_the_rest(graded):
     found = graded["collected"]
     assert "not a readable zip file" in " ".join(found["broken"].problems)
-    assert found["reference"].ok and len(found["reference"].notebooks) == 6
+    assert found["reference"].ok and len(found["reference"].notebooks) == len(course.graded_masters())
     assert any("Copy of 01_profile.ipynb -> 01_profile.ipynb" in r for r in found["reference"].renamed)
     # the optional 08 is handed in with the rest: noted, not collected, not a problem
     assert found["reference"].not_graded == ["reference/08_distributed.ipynb: optional, not graded; it was left out"]
@@ -582,7 +590,7 @@ def test_the_gradebook_is_put_back(graded, tmp_path):
 # Graded again on a one-node cluster with two fake GPUs, two tasks at a time, and compared with
 # their serial grading above: a hostile submission (its fork storm and escapes run beside another
 # student's task), one that loses some points, and one that loses all.
-ON_SLURM = tuple(s for s in ("hostile", "outsider", "tampered") if s in GRADED)
+ON_SLURM = tuple(s for s in ("hostile", "tampered") if s in GRADED)  # two: two tasks at once
 SLURM_WAIT_S = 600
 
 

@@ -57,7 +57,7 @@ def test_empty_store_gives_a_report_not_a_stack_trace(tmp_path):
 
 
 chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-SECTIONS = ("machine", "ladder", "rungs", "plots", "case-study", "checks", "analysis")
+SECTIONS = ("machine", "ladder", "rungs", "plots", "case-study", "checks", "inference", "analysis")
 
 
 def _full_report(tmp_path):
@@ -85,6 +85,18 @@ def test_report_has_every_section_and_no_network_reference(tmp_path):
     assert "http://" not in html and "https://" not in html, "the report must not need the network"
     assert "Mixed precision paid most" in html and "published speedup" in html
     assert html.count('src="data:image/png;base64,') == 4  # ladder, breakdown, memory, case study
+
+
+def test_the_inference_section_names_07_until_07_records_it(tmp_path, monkeypatch):
+    """07 runs after 06: until it has recorded its table, the section says which notebook to run."""
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    html = _full_report(tmp_path).read_text()
+    assert 'id="inference"' in html and "Run 07_compression.ipynb" in html
+    rows = [{"model": "fp32, compiled", "size (MiB)": 42.7, "p50 (ms)": 15.4},
+            {"model": "int8, compiled", "size (MiB)": 10.7, "p50 (ms)": 7.7}]
+    results.record("07-inference", {"models": rows}, machine=MACHINE, directory=tmp_path / "results")
+    html = _full_report(tmp_path).read_text()
+    assert "int8, compiled" in html and "10.70" in html and "Run 07_compression.ipynb" not in html
 
 
 @pytest.mark.skipif(chromium is None, reason="needs Debian's chromium (make test installs it when it can: "

@@ -349,7 +349,7 @@ def test_colab_stand_in_installs_from_the_student_zip_and_runs_the_lab(tmp_path,
     from nbclient import NotebookClient
 
     masters = {p.name[:2]: p for p in course.masters(course_root)}
-    assert sorted(masters) == ["01", "02", "03", "04", "05", "06", "08"], sorted(masters)
+    assert sorted(masters) == ["01", "02", "03", "04", "05", "06", "07", "08"], sorted(masters)
     times, executed = {}, {}
 
     def execute(key, extra=None):
@@ -380,6 +380,10 @@ def test_colab_stand_in_installs_from_the_student_zip_and_runs_the_lab(tmp_path,
     assert shipped <= installed, (f"pip install of the student zip left out {sorted(shipped - installed)}: "
                                   "package data must be listed in pyproject.toml "
                                   "([tool.setuptools.package-data])")
+    # 07's int8 flow needs torchao, which Colab does not preinstall: it comes with labsupport.
+    probe = _run([python, "-c", "from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e"],
+                 cwd=tmp_path)
+    assert probe.returncode == 0, f"torchao did not come with labsupport's install:\n{probe.stderr[-2000:]}"
     # 02-05 record their rungs and keep their code in the same lab folder, from other runtimes: here,
     # this process, with the reference's code on the lab's own measure_rung (the notebooks
     # themselves run in tests/test_course.py; executing them again here would cost 3-4 minutes).

@@ -1,0 +1,259 @@
+"""The harness of notebook 07: a trained fp32 model, its data, and what a compressed model is measured by.
+
+Notebook 07 compresses a trained ResNet-18 for inference on the CPU, two ways, and measures each
+against the fp32 model it came from: size, latency percentiles and accuracy.
+
+- **Pruning** (the student's ``prune_globally`` and ``make_permanent``): half of the weights set to
+  zero by magnitude with ``torch.nn.utils.prune``, a brief fine-tune with the masks in place
+  (:func:`fine_tune`), then the masks folded into the weights.
+- **int8 quantisation** (the student's ``quantize_int8``): the PT2E static flow of torchao
+  (export, ``prepare_pt2e`` with the x86 Inductor quantiser, calibration, ``convert_pt2e``).
+  A converted model holds int8 weights and quantise/dequantise steps around fp32 operators;
+  ``torch.compile`` with Inductor's freezing lowers those patterns to oneDNN's int8 kernels. 07
+  compiles with the student's own 05 ``compile_inference``, fp32 and int8 alike, so a speedup
+  is the int8 kernels', not the compiler's.
+
+Everything here is the measurement and the plumbing around the student's functions; none of
+their answers is implemented here. The models train at 32 px (the size 03's accuracy runs use,
+so a model converges within the notebook's time budget) and are served in batches of 32.
+Inference runs on the CPU whatever device trained the model: int8 through oneDNN is a CPU
+deployment path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import io
+import logging
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torchvision.models.resnet import BasicBlock
+
+from . import hardware, measure, pipeline, train
+
+IMAGE_SIZE = train.PARITY_IMAGE_SIZE  # px: the models of 07 train and serve at this size
+SERVE_BATCH = 32  # images per inference request, as a service batches them
+TRAIN_STEPS = train.PARITY_STEPS  # the fp32 model's training run (03's accuracy run)
+FINE_TUNE_STEPS = 40  # the pruned model's fine-tune, with its masks in place
+FINE_TUNE_LR = 0.01  # its peak learning rate (one-cycle); the fp32 run peaks at 0.05
+CALIBRATION_BATCHES = 8  # training batches of SERVE_BATCH the quantiser observes
+AMOUNT = 0.5  # the share of the weights pruned (the course's lab variant prunes 50%)
+CPU = torch.device("cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """The lab's images at :data:`IMAGE_SIZE`, decoded once and normalised (Used by: 07 and its checks)."""
+
+    train_images: torch.Tensor
+    train_labels: torch.Tensor
+    val_images: torch.Tensor
+    val_labels: torch.Tensor
+
+    def calibration(self, batches: int = CALIBRATION_BATCHES, seed: int = 0) -> list[torch.Tensor]:
+        """``batches`` random training batches of :data:`SERVE_BATCH` images each, for the quantiser
+        to observe (drawn with replacement: a test dataset has fewer images than that)."""
+        g = torch.Generator().manual_seed(seed)
+        idx = torch.randint(0, len(self.train_labels), (batches * SERVE_BATCH,), generator=g)
+        return list(self.train_images[idx].split(SERVE_BATCH))
+
+    def serving_batch(self) -> torch.Tensor:
+        """The first :data:`SERVE_BATCH` validation images (repeated where there are fewer): one request."""
+        return self.val_images[torch.arange(SERVE_BATCH) % len(self.val_images)].contiguous()
+
+
+def load_data(progress: bool = True) -> Data:
+    """Both splits at :data:`IMAGE_SIZE`, as ``normalize``-d float32 tensors on the CPU."""
+    (xt, yt), (xv, yv) = (pipeline.decode_once(split, size=IMAGE_SIZE, progress=progress)
+                          for split in ("train", "val"))
+    return Data(pipeline.normalize(xt), yt, pipeline.normalize(xv), yv)
+
+
+def steps_for(profile: hardware.Profile, steps: int) -> int:
+    """``steps``, or 2 on a profile that grades no speed (tests): the code runs, nothing converges."""
+    return steps if profile.grades_speed else 2
+
+
+def train_fp32(lab: hardware.Lab, data: Data, *, progress: bool = True) -> nn.Module:
+    """A seeded ResNet-18 trained in float32 (03's accuracy run), returned on the CPU in eval mode."""
+    step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+    train.parity_run(step, data.train_images, data.train_labels, data.val_images, data.val_labels,
+                     steps=steps_for(lab.profile, TRAIN_STEPS), batch_size=train.PARITY_BATCH_SIZE,
+                     seed=lab.seed, progress=progress, validate=False)
+    return step.model.to(CPU).eval()
+
+
+def fine_tune(model: nn.Module, lab: hardware.Lab, data: Data, *, progress: bool = True) -> nn.Module:
+    """Train ``model`` briefly (:data:`FINE_TUNE_STEPS`, SGD with momentum, one-cycle to
+    :data:`FINE_TUNE_LR`) on ``lab.device``; returned on the CPU in eval mode.
+
+    A pruned model keeps its zeros here only while its masks are in place: the optimizer updates
+    ``weight_orig`` and the mask multiplies it back to zero at every forward. Fold the masks in
+    (``prune.remove``) before this, and the zeroed weights get gradients and grow back.
+    """
+    step = train.TrainStep(model, train.StepConfig(), lab.device)
+    train.parity_run(step, data.train_images, data.train_labels, data.val_images, data.val_labels,
+                     steps=steps_for(lab.profile, FINE_TUNE_STEPS), batch_size=train.PARITY_BATCH_SIZE,
+                     seed=lab.seed + 1, progress=progress, max_lr=FINE_TUNE_LR, validate=False)
+    return step.model.to(CPU).eval()
+
+
+def prunable(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every Conv2d and Linear: the layers whose weights pruning counts."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sparsity:
+    """Zeros in the stored weights of the Conv2d and Linear layers (Used by: 07 and its checks)."""
+
+    zeros: int
+    total: int
+    masks_left: tuple[str, ...]  # layers still reparametrised (weight_orig and weight_mask)
+
+    @property
+    def fraction(self) -> float:
+        return self.zeros / max(self.total, 1)
+
+
+def sparsity(model: nn.Module) -> Sparsity:
+    """Count the zeros in what the model stores and saves, not in its masks.
+
+    A layer pruned and not yet made permanent stores ``weight_orig`` (dense) and ``weight_mask``;
+    its state dict, what a saved model holds, has no zeros in ``weight_orig``. Those layers are
+    counted from ``weight_orig`` and named in ``masks_left``.
+    """
+    zeros = total = 0
+    left = []
+    for name, m in prunable(model):
+        stored = getattr(m, "weight_orig", None)
+        if stored is None:
+            stored = m.weight
+        else:
+            left.append(name)
+        zeros += int((stored == 0).sum())
+        total += stored.numel()
+    return Sparsity(zeros, total, tuple(left))
+
+
+class _UntiedBlock(BasicBlock):
+    """torchvision's BasicBlock with a second ReLU module for its last activation.
+
+    torchvision's block calls one ``self.relu`` twice. The x86 quantiser finds its fusion
+    patterns (conv, add, ReLU) by module, and one ReLU module with two outputs stops it:
+    ``ValueError: Input partition has more than one output node`` (torchao 0.18). Two ReLU
+    modules compute the same thing, with the same state dict.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu_out(out + identity)
+
+
+def deployable(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` on the CPU in eval mode, ready for the quantiser (see :class:`_UntiedBlock`)."""
+    out = copy.deepcopy(model).to(CPU).eval()
+    for block in out.modules():
+        if type(block) is BasicBlock:
+            block.__class__ = _UntiedBlock
+            block.relu_out = nn.ReLU(inplace=True)
+    return out
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence what torchao and the PT2E flow print that is not a fault (Used by: 07).
+
+    - importing torchao logs that its ``KernelPreference`` enum is now natively supported by
+      torch.compile (torch/utils/_pytree.py), a note to torchao's developers;
+    - ``convert_pt2e`` warns that it builds a tensor from a tensor (``torch.tensor(w_zp_tensor)``);
+    - Inductor's C++ build warns that no CUDA runtime is found, on a CPU.
+    """
+    loggers = [logging.getLogger(n) for n in ("torch.utils._pytree", "torch.utils.cpp_extension")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of the tensors ``model`` needs to run, each storage counted once.
+
+    For a module, its state dict (what ``torch.save(model.state_dict())`` writes). For a
+    ``torch.fx.GraphModule`` (what ``convert_pt2e`` returns), the tensors its graph reads
+    (``get_attr``): the converted module still carries the fp32 weights it was made from as
+    attributes, which its graph no longer uses, and an int8 weight is 1 byte an element.
+    """
+    if isinstance(model, torch.fx.GraphModule):
+        tensors = []
+        for node in model.graph.nodes:
+            if node.op == "get_attr":
+                value = model
+                for part in node.target.split("."):
+                    value = getattr(value, part)
+                if isinstance(value, torch.Tensor):
+                    tensors.append(value)
+    else:
+        tensors = [t for t in model.state_dict().values() if isinstance(t, torch.Tensor)]
+    storages = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+    return sum(storages.values())
+
+
+def zipped_bytes(model: nn.Module) -> int:
+    """Bytes of ``torch.save(model.state_dict())`` compressed with zlib: where 50% zeros shrink a
+    file, though the dense tensors in memory stay the same size."""
+    import zlib
+
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return len(zlib.compress(buffer.getvalue(), 1))
+
+
+def int8_elements(model: nn.Module) -> int:
+    """Elements of the int8 tensors ``model`` holds (its quantised weights), in attributes and parameters."""
+    seen, count = set(), 0
+    for module in model.modules():
+        tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)) + \
+            [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
+        for t in tensors:
+            if t.dtype == torch.int8 and id(t) not in seen:
+                seen.add(id(t))
+                count += t.numel()
+    return count
+
+
+def latency(model: nn.Module, batch: torch.Tensor, *, calls: int, warmup: int = 5) -> measure.StepTimes:
+    """Per-request latency of ``model`` on ``batch`` (CPU, no_grad), over ``calls`` timed calls."""
+    with quiet(), torch.no_grad():
+        return measure.time_steps(lambda: model(batch), CPU, warmup=warmup, steps=calls,
+                                  samples_per_step=len(batch))
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """Top-1 accuracy in batches of :data:`SERVE_BATCH`, the last one padded: an exported int8
+    model takes the batch size it was exported with, and nothing else."""
+    correct = 0
+    with quiet():
+        for x, y in zip(images.split(SERVE_BATCH), labels.split(SERVE_BATCH)):
+            n = len(x)
+            if n < SERVE_BATCH:
+                x = torch.cat([x, x.new_zeros(SERVE_BATCH - n, *x.shape[1:])])
+            correct += int((model(x)[:n].argmax(1) == y).sum())
+    return correct / max(len(labels), 1)
