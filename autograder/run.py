@@ -1,4 +1,4 @@
-"""``run`` (``make run``): execute the six reference notebooks in order and export the report.
+"""``run`` (``make run``): execute the reference notebooks (01-08) in order and export the report.
 
 A speed or memory bar the reference misses on this machine is printed with its measurement and
 the advice to calibrate: information, not a failed run. Anything else that broke (an exception,
@@ -42,7 +42,7 @@ def run_reference(course_root: Path, build: Path, *, timeout_s: int = 900) -> tu
     ``build/run`` for reading. A speed or memory bar the reference misses on this machine is
     information, not a failure: it is returned (check, notebook, message) for the caller to print.
     Anything else that raised (an exception, a failed correctness partner, a missing stage)
-    raises CourseError after all six notebooks ran. Returns the report's path and the misses.
+    raises CourseError after all the notebooks ran. Returns the report's path and the misses.
     Used by: ``make run``.
     """
     import time
