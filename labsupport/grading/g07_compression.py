@@ -134,7 +134,8 @@ def int8(namespace, lab):
         with torch.no_grad():
             want, got = fp32(batch), q(batch).float()
     weights = compress.sparsity(fp32).total
-    ratio = compress.model_bytes(q) / compress.model_bytes(fp32)
+    int8_bytes, fp32_bytes = compress.model_bytes(q), compress.model_bytes(fp32)
+    ratio = int8_bytes / fp32_bytes
     error = float((got - want).norm() / want.norm())
     wrong = []
     int8_share = compress.int8_elements(q) / weights
@@ -145,7 +146,7 @@ def int8(namespace, lab):
         wrong.append(f"logits differ from fp32's by {error:.1%} (relative L2; {MAX_LOGIT_ERROR:.0%} allowed)")
     correct, why = not wrong, "; ".join(wrong)
     small = judge("07-int8-size", ratio, lab.machine.as_dict(), correct=correct, why_incorrect=why,
-                  note=f"{compress.model_bytes(q) / 2**20:.1f} MiB vs {compress.model_bytes(fp32) / 2**20:.1f} MiB "
+                  note=f"{int8_bytes / 2**20:.1f} MiB vs {fp32_bytes / 2**20:.1f} MiB "
                        f"in fp32; logits within {error:.2%} of fp32's",
                   details={"bytes_ratio": ratio, "logit_error": error})
     if lab.profile.grades_speed and correct:
