@@ -77,6 +77,16 @@ def cmd_grade(args) -> int:
 
     if args.backend == "slurm":
         return _grade_on_slurm(args)
+    if args.jobs > 1:
+        from . import parallel, slurm
+
+        if args.no_sandbox:
+            raise CourseError("--no-sandbox is for debugging the grader on one submission, not with --jobs.")
+        job = args.course.resolve() / parallel.JOB_DIR
+        outcome = parallel.grade(args.course, args.student or None, args.jobs, timeout_s=args.timeout)
+        slurm.print_merge(outcome, args.course, job, again=f"python -m autograder grade --jobs {args.jobs} "
+                          + " ".join([*outcome["failed"], *outcome["missing"]]))
+        return 0
     grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout,
                          sandboxed=not args.no_sandbox)
     grade.print_summary(grades, args.course)
@@ -117,8 +127,12 @@ def _grade_on_slurm(args) -> int:
 
 def cmd_grade_task(args) -> int:
     """``grade-task``: one Slurm array task (grade.sbatch runs it): one student, privately."""
+    import os
+
     from . import slurm
 
+    if args.cores:  # before torch is imported: it sizes its thread pool to the cores it may use
+        os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
     record = slurm.run_task(args.course, args.job, args.student, timeout_s=args.timeout)
     print(f"{args.student}: {record['status']}" + (f" ({record['error']})" if record.get("error") else ""))
     return 0 if record["status"] == "graded" else 1
@@ -225,6 +239,9 @@ def parser() -> argparse.ArgumentParser:
     gra.add_argument("--backend", choices=("local", "slurm"), default="local",
                      help="local: grade here, one submission after another (default); slurm: write a "
                           "job folder (autograder/slurm.py) that grades one submission per array task")
+    gra.add_argument("--jobs", type=int, default=1, metavar="N",
+                     help="local: grade N submissions at once, each on its own share of the cores and its own "
+                          "GPU, where there are GPUs (autograder/parallel.py; default: %(default)s)")
     on = gra.add_argument_group("--backend slurm", "Where and how the array runs (see autograder/README.md).")
     on.add_argument("--submit", action="store_true", help="submit the job (bash <job>/submit.sh); without it, "
                                                           "only write it, to read and edit first")
@@ -251,6 +268,8 @@ def parser() -> argparse.ArgumentParser:
     task.add_argument("student")
     task.add_argument("--job", type=Path, required=True, help="the job folder")
     task.add_argument("--timeout", type=int, default=None, help="seconds a cell may run")
+    task.add_argument("--cores", default=None, metavar="LIST",
+                      help="the CPU cores to grade on, e.g. 0,1 (grade --jobs gives each task its own)")
     task.set_defaults(func=cmd_grade_task)
     mer = sub.add_parser(
         "merge", help="(run by merge.sbatch) merge the Slurm tasks' grades into the gradebook",

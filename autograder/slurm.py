@@ -195,7 +195,7 @@ BROUGHT_BACK = ("autograded/{s}", "results/{s}", "reports/{s}.html")
 def run_task(course_root: Path, job: Path, student: str, *, timeout_s: int | None = None) -> dict:
     """Grade ``student`` in a private copy of the course on this node; leave the result in the job.
 
-    Writes ``tasks/<student>/``: ``task.json`` (status, grades, start, end, node, GPU, Slurm
+    Writes ``tasks/<student>/``: ``task.json`` (status, grades, start, end, node, cores, GPU, Slurm
     ids), the private gradebook (``gradebook.db``) and the student's graded files. Returns the
     record; its status is "graded", or "failed" with the error.
     """
@@ -209,6 +209,7 @@ def run_task(course_root: Path, job: Path, student: str, *, timeout_s: int | Non
     task.mkdir(parents=True)
     record = {"student": student, "status": "failed", "started": time.time(), "host": socket.gethostname(),
               "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "no_sandbox": sandbox.problem(),
+              "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
               "sandbox_user": sandbox.user(),
               "device": f"{describe_machine().device_name} ({describe_machine().device_class})",
               "slurm": {k: os.environ.get(k) for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID",
@@ -299,12 +300,12 @@ def merge(course_root: Path, job: Path | None = None) -> dict:
         if record is None:
             missing.append(student)
             grades.append(grade.NotebookGrade(student, "", "failed to grade", 0.0, 0.0, errors=[
-                "its Slurm task left no result (not run yet, cancelled, or out of time: see logs/)"]))
+                "its grading task left no result (not run yet, cancelled, or out of time: see logs/)"]))
             continue
         if record["status"] != "graded":
             failed[student] = record.get("error") or "unknown error"
             grades.append(grade.NotebookGrade(student, "", "failed to grade", 0.0, 0.0,
-                                              errors=[f"its Slurm task failed: {failed[student]}"]))
+                                              errors=[f"its grading task failed: {failed[student]}"]))
             continue
         task = job / "tasks" / student
         _merge_gradebook(course_root, task / "gradebook.db", student)
@@ -361,7 +362,8 @@ def _copy_columns(source, target) -> None:
             setattr(target, column.key, getattr(source, column.key))
 
 
-def print_merge(outcome: dict, course_root: Path, job: Path) -> None:
+def print_merge(outcome: dict, course_root: Path, job: Path,
+                again: str = "python -m autograder grade --backend slurm --rerun --submit") -> None:
     """The merge's summary: the class table, then what failed or is missing and how to rerun it."""
     from . import grade
 
@@ -382,4 +384,4 @@ def print_merge(outcome: dict, course_root: Path, job: Path) -> None:
     for student in outcome["missing"]:
         print(f"no result: {student} (see {course.shown(job)}/logs/)")
     if outcome["failed"] or outcome["missing"]:
-        print("grade them again (only them) with: python -m autograder grade --backend slurm --rerun --submit")
+        print(f"grade them again (only them) with: {again}")

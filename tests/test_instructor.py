@@ -11,6 +11,7 @@ cheat gains or loses on speed is proven at the real profile in
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import zipfile
@@ -22,7 +23,7 @@ import pytest
 
 import attacks
 import scenarios
-from autograder import calibrate, collect, course, grade, release, reports, sandbox, slurm, verdicts
+from autograder import calibrate, collect, course, grade, parallel, release, reports, sandbox, slurm, verdicts
 from labsupport import grading
 from labsupport.hardware import describe_machine
 
@@ -149,6 +150,15 @@ OUT_OF_BATCH = {
     "monkeypatch": "verdicts run outside the kernel, so a labsupport function patched there is never called "
                    "by the grader (cheater and patched-baseline bend the kernel's side, and are graded here)",
 }
+# The order the parallel batch starts them in, slowest first (seconds graded serially, class cpu).
+LONGEST_FIRST = ("reference", "honest-bugs", "unchanged", "shortcuts", "slow-loader", "reuse",
+                 "patched-baseline", "wrong-but-fast", "hardcoded", "monkeypatch")
+
+
+def _longest_first(scenario: str) -> int:
+    return LONGEST_FIRST.index(scenario) if scenario in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 GRADED = tuple(s for s in scenarios.SCENARIOS
                if s not in OUT_OF_BATCH and not (NO_SANDBOX and s in attacks.ATTACKS))
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -206,10 +216,15 @@ def graded(tmp_path_factory, tiny_data):
         checkout = (CHECKOUT / "labsupport", CHECKOUT / "autograder", CHECKOUT / "tests", root / "submitted",
                     root / "source", root / "release")
         before = checkout_hash(*checkout)
-        # The attacks first, so that the students they aim at are graded after them.
-        attackers = [s for s in ("hostile", "cheater", "outsider", "filler") if s in GRADED]
-        first = attackers + [s for s in GRADED if s not in ("infinite-loop", "crash", "sleeper", *attackers)]
-        grades = grade.grade(root, first, progress=False)
+        # The attacks first, one after another, so that the students they aim at are graded after
+        # them; tampered too, which the Slurm test compares with this serial grading.
+        serial = [s for s in ("hostile", "cheater", "outsider", "filler", "tampered") if s in GRADED]
+        grades = grade.grade(root, serial, progress=False)
+        # The rest two at a time (grade --jobs 2), each on a core of its own, longest first: the
+        # exact scores below hold for the parallel backend as for the serial one.
+        rest = [s for s in GRADED if s not in ("infinite-loop", "crash", "sleeper", *serial)]
+        jobs = min(2, len(os.sched_getaffinity(0)))
+        grades += parallel.grade(root, sorted(rest, key=_longest_first), jobs, progress=False)["grades"]
         # The infinite loop first, then a student after it: the batch goes on.
         grades += grade.grade(root, ["infinite-loop", "crash"], timeout_s=LOOP_TIMEOUT_S, progress=False)
         if "sleeper" in GRADED:
@@ -372,6 +387,19 @@ def test_every_notebook_of_every_submission_has_feedback(graded):
         stopped = {g.notebook for g in graded["grades"] if g.student == scenario and g.status == "failed to run"}
         want = SUBMITS.get(scenario, set(POINTS)) - set(NOT_HANDED_IN.get(scenario, ())) - stopped
         assert names == want, scenario
+
+
+def test_the_parallel_batch_graded_two_at_once_each_on_a_core_of_its_own(graded):
+    job = graded["root"] / parallel.JOB_DIR
+    records = [slurm.read_task(job, s) for s in slurm.students_of(job)]
+    assert records and all(r is not None and r["status"] == "graded" for r in records), records
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("this machine lets the tests use one core, so the batch graded one at a time")
+    assert all(len(r["cores"]) == 1 for r in records)
+    at_once = [(a, b) for i, a in enumerate(records) for b in records[i + 1:]
+               if a["started"] < b["ended"] and b["started"] < a["ended"]]
+    assert at_once, "no two submissions were graded at the same time"
+    assert all(a["cores"] != b["cores"] and a["sandbox_user"] != b["sandbox_user"] for a, b in at_once)
 
 
 def test_infinite_loop_is_timed_out_and_the_batch_goes_on(graded):

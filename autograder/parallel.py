@@ -1,0 +1,110 @@
+"""Grade several submissions at once on one machine: ``python -m autograder grade --jobs N``.
+
+A grading machine with many cores (or several GPUs) and no Slurm grades one submission at a time
+by default. With ``--jobs N`` it grades N at once, each exactly as a Slurm array task does
+(:func:`slurm.run_task`): in a private copy of the course, with its own sandbox user, gradebook
+and compile caches. Each runs in its own process pinned to its own share of the cores (and its
+own GPU, where there are GPUs), so no two submissions are timed on the same core or GPU. The
+tasks are then merged into the course as Slurm's are (:func:`slurm.merge`).
+
+Speed bars come from ``calibration.toml``, measured on the cores the calibration ran on. With
+``--jobs`` each submission runs on fewer of them, so calibrate on one share too:
+``taskset -c 0-7 python -m autograder calibrate`` for 8 cores a submission.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import course, slurm
+
+JOB_DIR = "parallel"  # in the course root: students.txt, tasks/<student>/, logs/<student>.log
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one submission is graded: its cores, and its GPU (CUDA_VISIBLE_DEVICES) if any."""
+
+    cores: tuple[int, ...]
+    gpu: str | None
+
+
+def slots(jobs: int, cores: list[int], gpus: list[str]) -> list[Slot]:
+    """Split ``cores`` (and ``gpus``) into ``jobs`` disjoint slots of equal size.
+
+    Refuses more jobs than cores, or than GPUs where there are GPUs: two submissions timed on
+    one core or one GPU would each measure the other's load.
+    """
+    if jobs < 1:
+        raise course.CourseError(f"--jobs {jobs}: grade at least one submission at a time.")
+    if jobs > len(cores):
+        raise course.CourseError(f"--jobs {jobs} needs a core per submission, and this process may use "
+                                 f"{len(cores)}: use --jobs {len(cores)} or fewer.")
+    if gpus and jobs > len(gpus):
+        raise course.CourseError(f"--jobs {jobs} needs a GPU per submission, and {len(gpus)} are visible "
+                                 f"({', '.join(gpus)}): use --jobs {len(gpus)} or fewer.")
+    share = len(cores) // jobs
+    return [Slot(tuple(cores[i * share:(i + 1) * share]), gpus[i] if gpus else None) for i in range(jobs)]
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process may hand out, as CUDA_VISIBLE_DEVICES names them."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [n.strip() for n in listed.split(",") if n.strip()] if listed else [str(i) for i in range(count)]
+    return names[:count]
+
+
+def grade(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s: int | None = None,
+          progress: bool = True) -> dict:
+    """Grade ``students`` (default: all collected) ``jobs`` at a time, then merge them into the course.
+
+    Returns :func:`slurm.merge`'s outcome; its ``grades`` are one NotebookGrade per notebook, as
+    :func:`grade.grade` returns, and a task that failed is a "failed to grade" row.
+    """
+    from tqdm.auto import tqdm
+
+    from . import grade as serial
+
+    course_root = Path(course_root).resolve()
+    students = serial.students_to_grade(course_root, students)
+    if not hasattr(os, "sched_getaffinity"):
+        raise course.CourseError(f"--jobs pins each submission to its own cores, which needs Linux (this is "
+                                 f"{sys.platform}): grade one at a time, or on a Linux machine.")
+    free: queue.Queue[Slot] = queue.Queue()
+    for slot in slots(jobs, sorted(os.sched_getaffinity(0)), visible_gpus()):
+        free.put(slot)
+    job = course_root / JOB_DIR
+    shutil.rmtree(job, ignore_errors=True)
+    (job / "logs").mkdir(parents=True)
+    (job / "students.txt").write_text("".join(f"{s}\n" for s in students))
+    print(f"grading {len(students)} submission(s), {jobs} at a time, {len(free.queue[0].cores)} core(s) each"
+          + (", a GPU each" if free.queue[0].gpu else "") + f"; logs in {course.shown(job)}/logs/")
+
+    def task(student: str) -> str:
+        slot = free.get()
+        try:
+            command = [sys.executable, "-m", "autograder", "--course", str(course_root), "grade-task",
+                       f"--job={job}", f"--cores={','.join(map(str, slot.cores))}", student]
+            command += [f"--timeout={timeout_s}"] if timeout_s else []
+            env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot.gpu} if slot.gpu else {}))
+            with open(job / "logs" / f"{student}.log", "w") as log:
+                subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=course.REPO_ROOT)
+            return student
+        finally:
+            free.put(slot)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        done = as_completed([pool.submit(task, s) for s in students])
+        for future in tqdm(done, total=len(students), desc="grading", unit="student", disable=not progress):
+            future.result()
+    return slurm.merge(course_root, job)
