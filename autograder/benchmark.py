@@ -55,7 +55,7 @@ def benchmark(runs: int = 5, course_root: Path = COURSE_ROOT, out: Path | None =
     out.parent.mkdir(parents=True, exist_ok=True)
     head = (f"Reference checks, {runs} runs, {dt.datetime.now().isoformat(timespec='minutes')}: "
             f"{machine.cpu_model if machine.device == 'cpu' else machine.device_name}, class "
-            f"{machine.device_class}, profile {profile_for(machine.device_class).name}, "
+            f"{machine.device_class}, profile {profile_for(machine.profile).name}, "
             f"{machine.cpu_cores} cores, torch {machine.torch_version}\n\n")
     body = frame.to_string(float_format=lambda v: f"{v:.3g}")
     notes = "".join(f"\n- {p}" for p in problems)

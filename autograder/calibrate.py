@@ -163,7 +163,7 @@ def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path 
              "is in autograder/calibrate.py.",
              "[machine]", f"device_class = {json.dumps(machine.device_class)}",
              f"device_name = {json.dumps(machine.device_name)}", "",
-             "[calibration]", f"runs = {runs}", f"profile = {json.dumps(profile_for(machine.device_class).name)}",
+             "[calibration]", f"runs = {runs}", f"profile = {json.dumps(profile_for(machine.profile).name)}",
              f"margin = {MARGIN}", f"speedup_floor = {SPEEDUP_FLOOR}", "", "[thresholds]"]
     lines += [f"{json.dumps(c)} = {json.dumps(v)}" for c, v in thresholds.items()]
     lines += ["", "[na]"] + [f"{json.dumps(c)} = {json.dumps(r)}" for c, r in reasons.items()]

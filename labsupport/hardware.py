@@ -14,6 +14,10 @@ Device classes (see ``../shared/design.md``):
 ``cpu``              any other CPU
 =================  ==========================================================================
 
+A class's machines share its checks and bars; where one profile cannot fit them all, a family
+has its own: the A100/H100 family of ``cuda-tensorcore`` runs ``cuda-tensorcore-xl``
+(:func:`gpu_profile`).
+
 Overrides (environment variables, read when called, never on import):
 
 - ``LAB_DEVICE=cpu|cuda|mps`` forces the device.
@@ -39,7 +43,7 @@ import torch
 class Profile:
     """How much work one measurement does on a device class (Used by: every notebook)."""
 
-    name: str  # the profile's name: a device class, or "tiny" for tests
+    name: str  # the profile's name: a device class, a GPU family's ("cuda-tensorcore-xl"), or "tiny"
     image_size: int  # training resolution in px; the lab's JPEGs are larger, as ImageNet's are
     batch_size: int  # images per optimizer step
     warmup_steps: int  # steps run and discarded before timing (allocator, caches, autotuning)
@@ -59,6 +63,10 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile("cuda-tensorcore", image_size=128, batch_size=128, warmup_steps=10,
                 measure_steps=40, rounds=7, steps_per_round=10, train_steps=400),
+        # The A100/H100 family of cuda-tensorcore (see gpu_profile): 6x the work per step, at the
+        # JPEGs' own 160 px.
+        Profile("cuda-tensorcore-xl", image_size=160, batch_size=512, warmup_steps=10,
+                measure_steps=30, rounds=7, steps_per_round=6, train_steps=300),
         Profile("cuda", image_size=128, batch_size=64, warmup_steps=5,
                 measure_steps=30, rounds=7, steps_per_round=6, train_steps=300),
         Profile("mps", image_size=112, batch_size=64, warmup_steps=5,
@@ -122,6 +130,7 @@ class Machine:
     torch_threads: int  # torch.get_num_threads(): intra-op threads used for CPU work
     bf16: bool  # bf16 autocast is supported *and fast* on the device
     cpu_bf16_units: str  # "amx", "avx512_bf16" or "none"
+    profile: str  # the scale profile this machine runs (its device class's, or its GPU family's)
     torch_version: str
     torchvision_version: str
     python_version: str
@@ -250,6 +259,43 @@ def classify(device: str, compute_capability: str | None, cpu_units: str) -> str
     return "cpu-bf16" if cpu_units != "none" else "cpu"
 
 
+# Dense float16 tensor-core FLOPs per SM per clock, by compute capability, from the vendors'
+# datasheets: a T4's 65 TFLOPS = 40 SMs x 1024 x 1.59 GHz, an A100's 312 = 108 x 2048 x 1.41, an
+# H100 SXM's 989 = 132 x 4096 x 1.83, a B200's 2250 = 148 x 8192 x 1.86. V100, A10, L4 and the
+# RTX 20-50 series have 1024 (an A10: 72 x 1024 x 1.70 = 125).
+_TENSOR_FLOPS_PER_SM_CLOCK = {(8, 0): 2048, (9, 0): 4096, (10, 0): 8192}
+# One profile cannot fit a T4 and an H100. The cuda-tensorcore profile's training step (128 px,
+# batch 128: about 0.23 TFLOP) takes some 15 ms in fp16 on a T4 at a quarter of its peak, but
+# about 1 ms on an H100, shorter than eager PyTorch's per-kernel launch cost for ResNet-18's
+# step: AMP, checkpointing and the loader would be timed against launch overhead, not work.
+# The xl profile's step (6x the work) would take about 0.5 s in fp32 on a T4, so each fp32
+# measurement (warm-up, measured steps, paired rounds: about 125 steps) a minute, several per
+# notebook. So GPUs of XL_TFLOPS and up (A100, H100, H200, B200, L40S, RTX
+# 4090/5090) with XL_MEMORY_GIB or more run cuda-tensorcore-xl; T4, V100, A10, A30, L4 and
+# smaller RTX cards, and MIG slices (fewer SMs, less memory), the T4-sized profile. These are
+# estimates from datasheets, not measurements: no GPU has run the lab yet, and calibrate sets
+# the bars on the grading GPU either way.
+XL_TFLOPS = 200.0
+XL_MEMORY_GIB = 20.0
+
+
+def tensor_tflops(capability: tuple[int, int], sm_count: int, clock_khz: float) -> float:
+    """A GPU's dense float16 tensor-core peak in TFLOPS, from its SMs and clock (0 below 7.0)."""
+    if capability[0] < 7:
+        return 0.0
+    return sm_count * _TENSOR_FLOPS_PER_SM_CLOCK.get(capability, 1024) * clock_khz * 1e3 / 1e12
+
+
+def gpu_profile(capability: tuple[int, int], sm_count: int, clock_khz: float, memory_bytes: int) -> str:
+    """The profile of a CUDA GPU's family: ``cuda-tensorcore-xl`` for the A100/H100 family (see
+    XL_TFLOPS), else its device class's. Used by: describe_machine."""
+    device_class = classify("cuda", f"{capability[0]}.{capability[1]}", "none")
+    if (device_class == "cuda-tensorcore" and tensor_tflops(capability, sm_count, clock_khz) >= XL_TFLOPS
+            and memory_bytes >= XL_MEMORY_GIB * 2**30):
+        return "cuda-tensorcore-xl"
+    return device_class
+
+
 def describe_machine(device: torch.device | None = None) -> Machine:
     """Describe this machine and classify it (Used by: every notebook's first cell)."""
     import torchvision  # imported here: labsupport.hardware itself must not need it
@@ -257,13 +303,16 @@ def describe_machine(device: torch.device | None = None) -> Machine:
     device = device or pick_device()
     flags, cpu_model = _cpu_flags_and_model()
     units = cpu_bf16_units(flags)
-    capability = None
+    capability = profile = None
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         capability = f"{major}.{minor}"
         name = torch.cuda.get_device_name(device)
         # Native bf16 only: a T4 (compute capability 7.5) "supports" bf16 through emulation, slowly.
         bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+        props = torch.cuda.get_device_properties(device)
+        profile = gpu_profile((major, minor), props.multi_processor_count,
+                              getattr(props, "clock_rate", 1.5e6), props.total_memory)
     elif device.type == "mps":
         name, bf16 = "Apple MPS", False  # bf16 autocast on MPS is new and not faster; fp16 is
     else:
@@ -272,9 +321,10 @@ def describe_machine(device: torch.device | None = None) -> Machine:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
+    device_class = classify(device.type, capability, units)
     return Machine(
         device=device.type,
-        device_class=classify(device.type, capability, units),
+        device_class=device_class,
         device_name=name,
         compute_capability=capability,
         cpu_model=cpu_model,
@@ -282,6 +332,7 @@ def describe_machine(device: torch.device | None = None) -> Machine:
         torch_threads=torch.get_num_threads(),
         bf16=bf16,
         cpu_bf16_units=units,
+        profile=profile or device_class,
         torch_version=torch.__version__,
         torchvision_version=torchvision.__version__,
         python_version=platform.python_version(),
@@ -324,14 +375,15 @@ def compile_problem(machine: Machine) -> str | None:
     return None
 
 
-def profile_for(device_class: str, override: str | None = None) -> Profile:
-    """The scale profile for a device class, with ``LAB_PROFILE`` applied (Used by: every notebook).
+def profile_for(default: str, override: str | None = None) -> Profile:
+    """The scale profile ``default`` (a machine's ``profile``, or a device class), with ``LAB_PROFILE``
+    applied (Used by: every notebook).
 
     ``override`` (default: the ``LAB_PROFILE`` variable) is ``name`` or ``name:field=value,...``.
     """
     spec = os.environ.get("LAB_PROFILE", "") if override is None else override
     name, _, fields = spec.strip().partition(":")
-    name = name or device_class
+    name = name or default
     if name not in PROFILES:
         raise ValueError(f"Unknown profile {name!r} (from LAB_PROFILE); choose one of "
                          f"{', '.join(PROFILES)}, optionally followed by ':batch_size=16,...'.")
@@ -396,7 +448,7 @@ def setup(seed: int = 0, show: bool = True) -> Lab:
     if problem:
         warnings.warn(problem, LabWarning, stacklevel=2)
     machine = describe_machine(device)
-    lab = Lab(device, machine, profile_for(machine.device_class), seed)
+    lab = Lab(device, machine, profile_for(machine.profile), seed)
     seed_everything(seed)
     if show:
         lab.show()

@@ -191,7 +191,56 @@ def test_bf16_means_native_bf16_on_a_gpu(monkeypatch):
         return including_emulation  # a T4: emulated only
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    _pretend_gpu(monkeypatch, "Tesla T4", (7, 5), sm_count=40, clock_khz=1_590_000, memory_gib=15)
     machine = hardware.describe_machine(torch.device("cuda"))
     assert machine.device_class == "cuda-tensorcore" and machine.bf16 is False and asked == [False]
+
+
+def _pretend_gpu(monkeypatch, name, capability, *, sm_count, clock_khz, memory_gib):
+    """torch.cuda answering as a GPU of that kind would (for describe_machine, on any machine)."""
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(name=name, major=capability[0], minor=capability[1], multi_processor_count=sm_count,
+                            clock_rate=clock_khz, total_memory=int(memory_gib * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+
+
+# name, compute capability, SMs, clock (kHz, as torch reports it), memory (GiB), profile
+GPUS = [
+    ("Tesla T4", (7, 5), 40, 1_590_000, 15, "cuda-tensorcore"),  # 65 TFLOPS
+    ("Tesla V100-SXM2-32GB", (7, 0), 80, 1_530_000, 32, "cuda-tensorcore"),  # 125
+    ("NVIDIA A10", (8, 6), 72, 1_695_000, 22, "cuda-tensorcore"),  # 125
+    ("NVIDIA L4", (8, 9), 58, 2_040_000, 22, "cuda-tensorcore"),  # 121
+    ("NVIDIA A30", (8, 0), 56, 1_440_000, 24, "cuda-tensorcore"),  # 165
+    ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", (8, 0), 42, 1_410_000, 19.5, "cuda-tensorcore"),  # a slice
+    ("NVIDIA A100-SXM4-40GB", (8, 0), 108, 1_410_000, 39.4, "cuda-tensorcore-xl"),  # 312
+    ("NVIDIA H100 80GB HBM3", (9, 0), 132, 1_980_000, 79.1, "cuda-tensorcore-xl"),  # 1071
+    ("NVIDIA GeForce RTX 4090", (8, 9), 128, 2_520_000, 23.6, "cuda-tensorcore-xl"),  # 330
+    ("NVIDIA B200", (10, 0), 148, 1_965_000, 178, "cuda-tensorcore-xl"),  # 2382
+    ("Tesla P100-PCIE-16GB", (6, 0), 56, 1_329_000, 16, "cuda"),  # no tensor cores
+]
+
+
+@pytest.mark.parametrize("name, capability, sm_count, clock_khz, memory_gib, profile", GPUS,
+                         ids=[g[0] for g in GPUS])
+def test_each_gpu_family_runs_its_own_profile(monkeypatch, name, capability, sm_count, clock_khz,
+                                              memory_gib, profile):
+    """One cuda-tensorcore profile cannot fit a T4 and an H100 (hardware.XL_TFLOPS says why): the
+    A100/H100 family runs cuda-tensorcore-xl, with the class's checks and bars."""
+    monkeypatch.delenv("LAB_PROFILE", raising=False)
+    _pretend_gpu(monkeypatch, name, capability, sm_count=sm_count, clock_khz=clock_khz, memory_gib=memory_gib)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: capability >= (8, 0))
+    machine = hardware.describe_machine(torch.device("cuda"))
+    assert machine.profile == profile and machine.device_class in hardware.DEVICE_CLASSES
+    assert profile == machine.device_class or machine.device_class == "cuda-tensorcore"
+    assert profile_for(machine.profile).name == profile
+    assert profile_for(machine.profile, "cuda-tensorcore").name == "cuda-tensorcore"  # LAB_PROFILE wins
+
+
+def test_the_xl_profile_does_more_work_per_step_than_the_t4_sized_one():
+    small, xl = PROFILES["cuda-tensorcore"], PROFILES["cuda-tensorcore-xl"]
+    work = (xl.image_size / small.image_size) ** 2 * xl.batch_size / small.batch_size
+    assert 4 <= work <= 8 and xl.grades_speed
+    assert xl.image_size <= 160  # the dataset's JPEGs are 160 px: no upsampling

@@ -242,7 +242,7 @@ def grading_lab() -> hardware.Lab:
     """This machine's device, description and profile, as the checks see them (seed 0)."""
     device = hardware.pick_device()
     machine = hardware.describe_machine(device)
-    return hardware.Lab(device, machine, hardware.profile_for(machine.device_class), seed=0)
+    return hardware.Lab(device, machine, hardware.profile_for(machine.profile), seed=0)
 
 
 def speed(lab: hardware.Lab, check: str, measured: float | None, better: str = "higher",
