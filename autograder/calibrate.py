@@ -159,10 +159,10 @@ def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path 
                      "runs": len(vals), "calibrated": value, "why": why})
     lines = [f"# Thresholds of this grading machine, written by `python -m autograder calibrate` on "
              f"{dt.datetime.now().isoformat(timespec='seconds')}.",
-             "# Grading uses them on this machine only (same device class and device name); the rule "
-             "is in autograder/calibrate.py.",
+             "# Grading uses them on this machine only (same device class, device name and CPU cores); "
+             "the rule is in autograder/calibrate.py.",
              "[machine]", f"device_class = {json.dumps(machine.device_class)}",
-             f"device_name = {json.dumps(machine.device_name)}", "",
+             f"device_name = {json.dumps(machine.device_name)}", f"cpu_cores = {machine.cpu_cores}", "",
              "[calibration]", f"runs = {runs}", f"profile = {json.dumps(profile_for(machine.profile).name)}",
              f"margin = {MARGIN}", f"speedup_floor = {SPEEDUP_FLOOR}", "", "[thresholds]"]
     lines += [f"{json.dumps(c)} = {json.dumps(v)}" for c, v in thresholds.items()]

@@ -7,9 +7,10 @@ and compile caches. Each runs in its own process pinned to its own share of the 
 own GPU, where there are GPUs), so no two submissions are timed on the same core or GPU. The
 tasks are then merged into the course as Slurm's are (:func:`slurm.merge`).
 
-Speed bars come from ``calibration.toml``, measured on the cores the calibration ran on. With
-``--jobs`` each submission runs on fewer of them, so calibrate on one share too:
-``taskset -c 0-7 python -m autograder calibrate`` for 8 cores a submission.
+Speed bars come from ``calibration.toml``, which applies only on as many cores as it was measured
+on. With ``--jobs`` each submission runs on fewer, so calibrate on one share:
+``taskset -c 0-7 python -m autograder calibrate`` for 8 cores a submission (otherwise the class
+defaults apply).
 """
 
 from __future__ import annotations

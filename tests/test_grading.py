@@ -39,6 +39,17 @@ def test_calibration_applies_only_to_its_machine(monkeypatch, tmp_path):
     assert grading.threshold_for("03-amp-speedup", other)[0] == 1.3
 
 
+def test_a_calibration_measured_on_more_cores_does_not_apply_to_a_share_of_them(monkeypatch, tmp_path):
+    """grade --jobs 2 on a 2-core machine grades each submission on one core: bars the reference
+    cleared on both are not that core's, so the class defaults apply (calibrate on one share)."""
+    cal = tmp_path / "calibration.toml"
+    cal.write_text('[machine]\ndevice_class = "cpu-bf16"\ndevice_name = "Intel(R) Xeon(R) Processor"\n'
+                   'cpu_cores = 2\n[thresholds]\n"03-amp-speedup" = 1.5\n')
+    monkeypatch.setenv("LAB_CALIBRATION", str(cal))
+    assert grading.threshold_for("03-amp-speedup", {**AMX, "cpu_cores": 2})[0] == 1.5
+    assert grading.threshold_for("03-amp-speedup", {**AMX, "cpu_cores": 1})[0] == 1.3
+
+
 @pytest.mark.parametrize("check, measured, status", [
     ("03-amp-speedup", 1.31, "pass"), ("03-amp-speedup", 1.29, "fail"),
     ("03-activation-ratio", 0.55, "pass"), ("03-activation-ratio", 0.65, "fail"),

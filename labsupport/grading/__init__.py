@@ -98,8 +98,9 @@ def _read_toml(path: Path, what: str) -> dict:
 def threshold_for(check: str, machine: dict) -> tuple[float | None, str, str]:
     """The bar for ``check`` on ``machine``: ``(threshold or None, better, why-not-applicable)``.
 
-    A calibration file applies only to the machine it was measured on (same device class and
-    device name); anywhere else the class defaults apply.
+    A calibration file applies only to the machine it was measured on (same device class, device
+    name and, where the file records them, CPU cores: ``grade --jobs`` grades each submission on a
+    share of the cores); anywhere else the class defaults apply.
     """
     checks = _read_toml(thresholds_path(), "thresholds").get("checks", {})
     if check not in checks:
@@ -115,8 +116,9 @@ def threshold_for(check: str, machine: dict) -> tuple[float | None, str, str]:
     calibration = calibration_path()
     if calibration.exists():
         cal = _read_toml(calibration, "calibration")
-        same = {k: cal.get("machine", {}).get(k) for k in ("device_class", "device_name")} == \
-               {k: machine.get(k) for k in ("device_class", "device_name")}
+        measured_on = cal.get("machine", {})
+        keys = ("device_class", "device_name") + (("cpu_cores",) if "cpu_cores" in measured_on else ())
+        same = all(measured_on.get(k) == machine.get(k) for k in keys)
         if same and check in cal.get("thresholds", {}):
             value = cal["thresholds"][check]
             if value == "n/a":  # the reference itself cannot clear a meaningful bar here
