@@ -82,10 +82,9 @@ def cmd_grade(args) -> int:
 
         if args.no_sandbox:
             raise CourseError("--no-sandbox is for debugging the grader on one submission, not with --jobs.")
-        job = args.course.resolve() / parallel.JOB_DIR
         outcome = parallel.grade(args.course, args.student or None, args.jobs, timeout_s=args.timeout)
-        slurm.print_merge(outcome, args.course, job, again=f"python -m autograder grade --jobs {args.jobs} "
-                          + " ".join([*outcome["failed"], *outcome["missing"]]))
+        again = f"python -m autograder grade --jobs {args.jobs} " + " ".join([*outcome["failed"], *outcome["missing"]])
+        slurm.print_merge(outcome, args.course, parallel.job_dir(args.course), again=again)
         return 0
     grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout,
                          sandboxed=not args.no_sandbox)

@@ -65,6 +65,10 @@ def visible_gpus() -> list[str]:
     return names[:count]
 
 
+def job_dir(course_root: Path) -> Path:
+    return Path(course_root).resolve() / JOB_DIR
+
+
 def grade(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s: int | None = None,
           progress: bool = True) -> dict:
     """Grade ``students`` (default: all collected) ``jobs`` at a time, then merge them into the course.
@@ -81,15 +85,16 @@ def grade(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s
     if not hasattr(os, "sched_getaffinity"):
         raise course.CourseError(f"--jobs pins each submission to its own cores, which needs Linux (this is "
                                  f"{sys.platform}): grade one at a time, or on a Linux machine.")
+    shares = slots(jobs, sorted(os.sched_getaffinity(0)), visible_gpus())
     free: queue.Queue[Slot] = queue.Queue()
-    for slot in slots(jobs, sorted(os.sched_getaffinity(0)), visible_gpus()):
+    for slot in shares:
         free.put(slot)
-    job = course_root / JOB_DIR
+    job = job_dir(course_root)
     shutil.rmtree(job, ignore_errors=True)
     (job / "logs").mkdir(parents=True)
-    (job / "students.txt").write_text("".join(f"{s}\n" for s in students))
-    print(f"grading {len(students)} submission(s), {jobs} at a time, {len(free.queue[0].cores)} core(s) each"
-          + (", a GPU each" if free.queue[0].gpu else "") + f"; logs in {course.shown(job)}/logs/")
+    slurm.write_students(job, students)
+    print(f"grading {len(students)} submission(s), {jobs} at a time, {len(shares[0].cores)} core(s) each"
+          + (", a GPU each" if shares[0].gpu else "") + f"; logs in {course.shown(job)}/logs/")
 
     def task(student: str) -> str:
         slot = free.get()

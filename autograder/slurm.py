@@ -89,7 +89,7 @@ def write(course_root: Path, students: list[str], options: Options, job: Path | 
     if job.exists():
         shutil.rmtree(job)
     (job / "logs").mkdir(parents=True)
-    (job / "students.txt").write_text("".join(f"{s}\n" for s in students))
+    write_students(job, students)
     python = Path(sys.executable)
     run = [str(python), "-m", "autograder", "--course", str(course_root)]
     when = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
@@ -166,6 +166,11 @@ def submit(job: Path, tasks: list[int] | None = None) -> str:
     if done.returncode != 0:
         raise course.CourseError(f"submit.sh failed: {(done.stderr or done.stdout).strip()[-500:]}")
     return done.stdout.strip()
+
+
+def write_students(job: Path, students: list[str]) -> None:
+    """The job's ``students.txt``: one student per line; task ``i`` grades line ``i + 1``."""
+    (Path(job) / "students.txt").write_text("".join(f"{s}\n" for s in students))
 
 
 def students_of(job: Path) -> list[str]:

@@ -394,7 +394,7 @@ def test_every_notebook_of_every_submission_has_feedback(graded):
 
 
 def test_the_parallel_batch_graded_two_at_once_each_on_a_core_of_its_own(graded):
-    job = graded["root"] / parallel.JOB_DIR
+    job = parallel.job_dir(graded["root"])
     records = [slurm.read_task(job, s) for s in slurm.students_of(job)]
     assert records and all(r is not None and r["status"] == "graded" for r in records), records
     if len(os.sched_getaffinity(0)) < 2:
