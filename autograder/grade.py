@@ -319,7 +319,9 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
            # One Inductor cache per submission, shared by its kernels and verdict processes (never
            # between submissions): the verdict re-uses what the kernel compiled for the same code.
            "TORCHINDUCTOR_CACHE_DIR": str(compiled)}
-    settings = dict(Execute__timeout=timeout_s)
+    # "immediate": the kernel is killed once its last cell has replied, not asked to run its exit
+    # hooks (about 2 s of tearing torch down, per notebook). What it wrote, it wrote in its cells.
+    settings = dict(Execute__timeout=timeout_s, Execute__shutdown_kernel="immediate")
     box = None
     if batch.box is None:
         sandbox.own(kernel_results, run_dir, cwd, store, spec_dir, report_dir, compiled)

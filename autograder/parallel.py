@@ -20,7 +20,7 @@ import queue
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,12 +69,14 @@ def job_dir(course_root: Path) -> Path:
     return Path(course_root).resolve() / JOB_DIR
 
 
-def grade(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s: int | None = None,
-          progress: bool = True) -> dict:
-    """Grade ``students`` (default: all collected) ``jobs`` at a time, then merge them into the course.
+def start(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s: int | None = None,
+          progress: bool = True) -> Future[Path]:
+    """Start grading ``students`` (default: all collected) ``jobs`` at a time, in the background.
 
-    Returns :func:`slurm.merge`'s outcome; its ``grades`` are one NotebookGrade per notebook, as
-    :func:`grade.grade` returns, and a task that failed is a "failed to grade" row.
+    Returns a Future of the job folder, done when every task has ended; :func:`grade` then merges
+    it (:func:`slurm.merge`). The tasks start from this process's environment as it is now, so a
+    serial batch graded here meanwhile (which sets its own variables while it runs) reaches none
+    of them. Merge only once nothing else is grading into the course.
     """
     from tqdm.auto import tqdm
 
@@ -93,6 +95,7 @@ def grade(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s
     shutil.rmtree(job, ignore_errors=True)
     (job / "logs").mkdir(parents=True)
     slurm.write_students(job, students)
+    environ = dict(os.environ)
     print(f"grading {len(students)} submission(s), {jobs} at a time, {len(shares[0].cores)} core(s) each"
           + (", a GPU each" if shares[0].gpu else "") + f"; logs in {course.shown(job)}/logs/")
 
@@ -102,15 +105,33 @@ def grade(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s
             command = [sys.executable, "-m", "autograder", "--course", str(course_root), "grade-task",
                        f"--job={job}", f"--cores={','.join(map(str, slot.cores))}", student]
             command += [f"--timeout={timeout_s}"] if timeout_s else []
-            env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot.gpu} if slot.gpu else {}))
+            env = dict(environ, **({"CUDA_VISIBLE_DEVICES": slot.gpu} if slot.gpu else {}))
             with open(job / "logs" / f"{student}.log", "w") as log:
                 subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=course.REPO_ROOT)
             return student
         finally:
             free.put(slot)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        done = as_completed([pool.submit(task, s) for s in students])
-        for future in tqdm(done, total=len(students), desc="grading", unit="student", disable=not progress):
-            future.result()
-    return slurm.merge(course_root, job)
+    def run_all() -> Path:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            done = as_completed([pool.submit(task, s) for s in students])
+            for future in tqdm(done, total=len(students), desc="grading", unit="student", disable=not progress):
+                future.result()
+        return job
+
+    runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grade-jobs")
+    try:
+        return runner.submit(run_all)
+    finally:
+        runner.shutdown(wait=False)  # the submitted run goes on; the thread ends with it
+
+
+def grade(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s: int | None = None,
+          progress: bool = True) -> dict:
+    """Grade ``students`` (default: all collected) ``jobs`` at a time, then merge them into the course.
+
+    Returns :func:`slurm.merge`'s outcome; its ``grades`` are one NotebookGrade per notebook, as
+    :func:`grade.grade` returns, and a task that failed is a "failed to grade" row.
+    """
+    job = start(course_root, students, jobs, timeout_s=timeout_s, progress=progress).result()
+    return slurm.merge(Path(course_root).resolve(), job)

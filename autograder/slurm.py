@@ -28,12 +28,14 @@ left no result. ``grade --backend slurm --rerun --submit`` regrades exactly thos
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import shlex
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -268,12 +270,19 @@ def _private_course(course_root: Path, student: str, dest: Path) -> Path:
     for folder in ("source", "release"):
         if (course_root / folder).is_dir():
             shutil.copytree(course_root / folder, dest / folder)
-    shutil.copyfile(course_root / "gradebook.db", dest / "gradebook.db")
+    _copy_gradebook(course_root / "gradebook.db", dest / "gradebook.db")
     calibration = course_root / "calibration.toml"
     if calibration.is_file():
         shutil.copyfile(calibration, dest / "calibration.toml")
     shutil.copytree(course_root / "submitted" / student, dest / "submitted" / student)
     return dest
+
+
+def _copy_gradebook(source: Path, dest: Path) -> None:
+    """A consistent copy of a gradebook, even while another grader writes to it (sqlite's backup)."""
+    with contextlib.closing(sqlite3.connect(f"{source.as_uri()}?mode=ro", uri=True)) as theirs, \
+            contextlib.closing(sqlite3.connect(dest)) as ours:
+        theirs.backup(ours)
 
 
 def read_task(job: Path, student: str) -> dict | None:

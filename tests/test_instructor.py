@@ -154,8 +154,13 @@ OUT_OF_BATCH = {
     "monkeypatch": "verdicts run outside the kernel, so a labsupport function patched there is never called "
                    "by the grader (cheater and patched-baseline bend the kernel's side, and are graded here)",
 }
-# The order the parallel batch starts them in, slowest first (seconds graded serially, class cpu).
-LONGEST_FIRST = ("reference", "honest-bugs", "unchanged", "shortcuts", "slow-loader", "reuse",
+# Graded one after another in the shared course (the rest in parallel, beside them): the attacks,
+# tampered, and the batches with their own time limits (LATE).
+LATE = ("infinite-loop", "crash", "sleeper")
+SERIAL = ("hostile", "cheater", "outsider", "filler", "tampered", *LATE)
+# The order the parallel batch starts them in, slowest first (as measured on one core, class cpu:
+# reference 669 s, honest-bugs 275, slow-loader 214, shortcuts 196, unchanged 171, reuse 76).
+LONGEST_FIRST = ("reference", "honest-bugs", "slow-loader", "shortcuts", "unchanged", "reuse",
                  "patched-baseline", "wrong-but-fast", "hardcoded", "monkeypatch")
 
 
@@ -220,20 +225,22 @@ def graded(tmp_path_factory, tiny_data):
         checkout = (CHECKOUT / "labsupport", CHECKOUT / "autograder", CHECKOUT / "tests", root / "submitted",
                     root / "source", root / "release")
         before = checkout_hash(*checkout)
-        # The attacks first, one after another, so that the students they aim at are graded after
-        # them; tampered too, which the Slurm test compares with this serial grading.
-        serial = [s for s in ("hostile", "cheater", "outsider", "filler", "tampered") if s in GRADED]
-        grades = grade.grade(root, serial, progress=False)
-        # The rest two at a time (grade --jobs 2), each on a core of its own, longest first: the
-        # exact scores below hold for the parallel backend as for the serial one.
-        rest = [s for s in GRADED if s not in ("infinite-loop", "crash", "sleeper", *serial)]
+        # Two lanes at once. In the background, the scenarios that attack nobody, two at a time
+        # (grade --jobs 2), each on a core of its own, slowest first: the exact scores below hold
+        # for the parallel backend as for the serial one.
+        rest = [s for s in GRADED if s not in SERIAL]
         jobs = min(2, len(os.sched_getaffinity(0)))
-        grades += parallel.grade(root, sorted(rest, key=_longest_first), jobs, progress=False)["grades"]
-        # The infinite loop first, then a student after it: the batch goes on.
+        running = parallel.start(root, sorted(rest, key=_longest_first), jobs, progress=False)
+        # Meanwhile, here, one after another in the shared course: the attacks beside that
+        # grading (as on a shared node), then the students they aim at that are graded here;
+        # tampered too, which the Slurm test compares with this serial grading.
+        grades = grade.grade(root, [s for s in SERIAL if s in GRADED and s not in LATE], progress=False)
+        # The infinite loop, then a student after it: the batch goes on.
         grades += grade.grade(root, ["infinite-loop", "crash"], timeout_s=LOOP_TIMEOUT_S, progress=False)
         if "sleeper" in GRADED:
             grades += grade.grade(root, ["sleeper"], timeout_s=SLEEPER_CELL_S, budget_s=SLEEPER_BUDGET_S,
                                   progress=False)
+        grades += slurm.merge(root, running.result())["grades"]
         after = checkout_hash(*checkout)
         grade.export(root, grades)
     return {"root": root, "collected": {c.student: c for c in collected}, "grades": grades,
