@@ -64,6 +64,35 @@ def test_01_throughput_without_warmup_fails():
     assert result.status == "fail" and "p95" in result.note, result.note
 
 
+def test_01_an_honest_timer_is_not_failed_by_one_round_of_late_wake_ups():
+    """A busy machine wakes a sleep late now and then. Two steps 6 ms late in one round move that
+    round's p95 by 30%; the median of the interleaved rounds stays within the bar."""
+    import time
+
+    from labsupport.grading import g01_profile
+
+    ns = solution("01", "measure_throughput")
+    honest, rounds = ns["measure_throughput"], []
+
+    def late_in_the_first_round(step, device, **kw):
+        rounds.append(1)
+        if len(rounds) > 1:
+            return honest(step, device, **kw)
+        calls = []
+
+        def late():
+            calls.append(1)
+            step()
+            if len(calls) in (10, 15):  # two timed steps (after the 3 warm-up calls)
+                time.sleep(0.006)
+        return honest(late, device, **kw)
+
+    ns["measure_throughput"] = late_in_the_first_round
+    result = checks.run("01", ns, only=("01-throughput-error",))["01-throughput-error"]
+    assert len(rounds) == g01_profile.THROUGHPUT_ROUNDS > 1
+    assert result.status == "pass", result.note
+
+
 def test_01_diagnose_by_largest_single_phase_fails():
     ns = {"diagnose": lambda b: {"data wait": "data", "host to device": "transfer", "forward": "compute",
                                  "backward": "compute", "optimizer": "optimizer"}[max(b, key=b.get)]}

@@ -23,7 +23,7 @@ from . import StudentCodeError, judge, register, student, written_now
 
 
 def _known_workload(slow_calls: int) -> Callable[[], None]:
-    """A step of known duration (20 ms) whose first calls are slow (250 ms), as a real first
+    """A step of known duration (20 ms) whose first calls are slow (100 ms), as a real first
     training step is (allocator growth, autotuning, lazy initialisation). It sleeps rather than
     computes, so its duration does not depend on how busy the machine's cores are."""
     calls = 0
@@ -31,30 +31,39 @@ def _known_workload(slow_calls: int) -> Callable[[], None]:
     def step():
         nonlocal calls
         calls += 1
-        time.sleep(0.25 if calls <= slow_calls else 0.02)
+        time.sleep(0.1 if calls <= slow_calls else 0.02)
     return step
+
+
+THROUGHPUT_ROUNDS = 3  # labsupport's timer and the student's, interleaved; each error is their median
 
 
 @register("01-throughput-error")
 def throughput(namespace, lab):
-    """The student's measure_throughput agrees with measure.time_steps on a known workload."""
+    """The student's measure_throughput agrees with measure.time_steps on a known workload.
+
+    Each error is the median of interleaved rounds: on a busy machine a sleep now and then wakes a
+    few milliseconds late, which moves a p95 of 20 steps in one round, not in most of them.
+    """
     fn = student(namespace, "measure_throughput", "01")
     warmup, steps, samples = 3, 20, 32
-    ref = measure.time_steps(_known_workload(warmup), lab.device, warmup=warmup, steps=steps,
-                             samples_per_step=samples)
-    got = fn(_known_workload(warmup), lab.device, warmup=warmup, steps=steps,
-             samples_per_step=samples)
-    missing = {"images_per_s", "median_ms", "p50_ms", "p95_ms", "p99_ms"} - set(got or {})
-    if missing:
-        raise StudentCodeError(f"measure_throughput must return a dict with {', '.join(sorted(missing))}")
-    errors = {
-        "median_ms": got["median_ms"] / ref.median_ms - 1,
-        "p95_ms": got["p95_ms"] / ref.percentile_ms(95) - 1,
-        "images_per_s": got["images_per_s"] / ref.samples_per_s - 1,
-    }
+    rounds = {"median_ms": [], "p95_ms": [], "images_per_s": []}
+    for _ in range(THROUGHPUT_ROUNDS):
+        ref = measure.time_steps(_known_workload(warmup), lab.device, warmup=warmup, steps=steps,
+                                 samples_per_step=samples)
+        got = fn(_known_workload(warmup), lab.device, warmup=warmup, steps=steps,
+                 samples_per_step=samples)
+        missing = {"images_per_s", "median_ms", "p50_ms", "p95_ms", "p99_ms"} - set(got or {})
+        if missing:
+            raise StudentCodeError(f"measure_throughput must return a dict with {', '.join(sorted(missing))}")
+        rounds["median_ms"].append(got["median_ms"] / ref.median_ms - 1)
+        rounds["p95_ms"].append(got["p95_ms"] / ref.percentile_ms(95) - 1)
+        rounds["images_per_s"].append(got["images_per_s"] / ref.samples_per_s - 1)
+    errors = {k: float(np.median(v)) for k, v in rounds.items()}
     worst = max(errors, key=lambda k: abs(errors[k]))
-    note = (f"worst: {worst} off by {errors[worst]:+.0%} (reference median {ref.median_ms:.1f} ms, "
-            f"p95 {ref.percentile_ms(95):.1f} ms, {ref.samples_per_s:.0f} images/s)")
+    note = (f"worst: {worst} off by {errors[worst]:+.0%} (median of {THROUGHPUT_ROUNDS} interleaved rounds; "
+            f"last reference median {ref.median_ms:.1f} ms, p95 {ref.percentile_ms(95):.1f} ms, "
+            f"{ref.samples_per_s:.0f} images/s)")
     return [judge("01-throughput-error", abs(errors[worst]), lab.machine.as_dict(), note=note)]
 
 
