@@ -154,8 +154,8 @@ OUT_OF_BATCH = {
     "monkeypatch": "verdicts run outside the kernel, so a labsupport function patched there is never called "
                    "by the grader (cheater and patched-baseline bend the kernel's side, and are graded here)",
 }
-# Graded one after another in the shared course (the rest in parallel, beside them): the attacks,
-# tampered, and the batches with their own time limits (LATE).
+# Graded one after another in the shared course (the rest in parallel): the attacks, tampered,
+# and the batches with their own time limits (LATE).
 LATE = ("infinite-loop", "crash", "sleeper")
 SERIAL = ("hostile", "cheater", "outsider", "filler", "tampered", *LATE)
 # The order the parallel batch starts them in, slowest first (as measured on one core, class cpu:
@@ -225,22 +225,22 @@ def graded(tmp_path_factory, tiny_data):
         checkout = (CHECKOUT / "labsupport", CHECKOUT / "autograder", CHECKOUT / "tests", root / "submitted",
                     root / "source", root / "release")
         before = checkout_hash(*checkout)
-        # Two lanes at once. In the background, the scenarios that attack nobody, two at a time
-        # (grade --jobs 2), each on a core of its own, slowest first: the exact scores below hold
-        # for the parallel backend as for the serial one.
+        # The attacks first, one after another in the shared course, so that the students they
+        # aim at are graded after them; tampered too, which the Slurm test compares with this
+        # serial grading.
+        grades = grade.grade(root, [s for s in SERIAL if s in GRADED and s not in LATE], progress=False)
+        # The rest two at a time (grade --jobs 2), each on a core of its own, slowest first: the
+        # exact scores below hold for the parallel backend as for the serial one. Not beside the
+        # serial batches: test_the_ladder_is_the_students_own compares two of these submissions'
+        # end-to-end speedups, and a third process on two cores made that comparison noisy.
         rest = [s for s in GRADED if s not in SERIAL]
         jobs = min(2, len(os.sched_getaffinity(0)))
-        running = parallel.start(root, sorted(rest, key=_longest_first), jobs, progress=False)
-        # Meanwhile, here, one after another in the shared course: the attacks beside that
-        # grading (as on a shared node), then the students they aim at that are graded here;
-        # tampered too, which the Slurm test compares with this serial grading.
-        grades = grade.grade(root, [s for s in SERIAL if s in GRADED and s not in LATE], progress=False)
+        grades += parallel.grade(root, sorted(rest, key=_longest_first), jobs, progress=False)["grades"]
         # The infinite loop, then a student after it: the batch goes on.
         grades += grade.grade(root, ["infinite-loop", "crash"], timeout_s=LOOP_TIMEOUT_S, progress=False)
         if "sleeper" in GRADED:
             grades += grade.grade(root, ["sleeper"], timeout_s=SLEEPER_CELL_S, budget_s=SLEEPER_BUDGET_S,
                                   progress=False)
-        grades += slurm.merge(root, running.result())["grades"]
         after = checkout_hash(*checkout)
         grade.export(root, grades)
     return {"root": root, "collected": {c.student: c for c in collected}, "grades": grades,
