@@ -17,6 +17,7 @@ import gc
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from time import perf_counter as _clock  # bound at import: code that patches time does not move it
 
 import torch
 import torch.nn.functional as F
@@ -77,16 +78,26 @@ class forever:  # noqa: N801 (lower case: it is called like a function)
 
     It keeps no batch once handed out: a batch still held here would be freed inside the caller's
     next step, which the memory profiler reports as a block "allocated before the profiling
-    started".
+    started". With ``timed=True`` it records how long each batch took to arrive, in ``waits_ms``:
+    the pipeline's data wait, measured in the run itself (06's end-to-end check reports it).
     """
 
-    def __init__(self, loader):
+    def __init__(self, loader, *, timed: bool = False):
         self.loader, self._batches, self._fresh = loader, iter(loader), True
+        self.waits_ms: list[float] | None = [] if timed else None
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self.waits_ms is None:
+            return self._next()
+        t0 = _clock()
+        batch = self._next()
+        self.waits_ms.append((_clock() - t0) * 1000)
+        return batch
+
+    def _next(self):
         while True:
             try:
                 batch = next(self._batches)

@@ -82,3 +82,23 @@ def test_forever_keeps_no_batch_it_handed_out(tiny_data, tiny):
         gone = weakref.ref(images)
         del images, labels
         assert gone() is None, "forever still holds the batch it returned"
+
+
+def test_forever_timed_records_each_batchs_wait_across_epochs():
+    """06's end-to-end check reports its pipeline's data wait from these: a loader that pauses 20 ms
+    per batch shows 20 ms per batch, an epoch's restart included; untimed, nothing is recorded."""
+    import time
+
+    class Paused:
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            for i in range(2):
+                time.sleep(0.02)
+                yield i
+
+    batches = pipeline.forever(Paused(), timed=True)
+    assert [next(batches) for _ in range(5)] == [0, 1, 0, 1, 0]
+    assert len(batches.waits_ms) == 5 and all(19 <= w < 200 for w in batches.waits_ms), batches.waits_ms
+    assert pipeline.forever(Paused()).waits_ms is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 
 import pandas as pd
 
@@ -133,7 +134,7 @@ def end_to_end(namespace, lab):
     fast_step, loader, compile_note = composed_step(lab)
     naive_step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
     naive = train.pipeline_step(pipeline.forever(pipeline.naive_loader(profile, seed=lab.seed)), naive_step)
-    batches = pipeline.forever(loader)
+    batches = pipeline.forever(loader, timed=True)
     fast = train.pipeline_step(batches, fast_step, non_blocking=True, item_every_step=False)
     x, y = fast_step.to_device(*next(batches))
     ok, why = partners.step_trains(fast_step, x, y, steps=2)
@@ -147,8 +148,12 @@ def end_to_end(namespace, lab):
     config = fast_step.config
     what = (f"{config.amp_dtype or 'float32'}, channels_last={config.channels_last}, "
             f"compiled={config.compiled} ({compile_note})")
+    # Its own data wait: a loader's pause shows here directly, whatever else the machine is doing
+    wait_ms = statistics.median(batches.waits_ms)
     return [dataclasses.replace(result, note=(result.note + "; " if result.note else "") +
-                                f"{cmp} (your loader and step: {what})", details=cmp.summary())]
+                                f"{cmp} (your loader and step: {what}; your loader kept the step "
+                                f"waiting {wait_ms:.1f} ms per batch)",
+                                details={**cmp.summary(), "data_wait_ms": wait_ms})]
 
 
 @register("06-html")
