@@ -24,8 +24,11 @@ run: $(STAMP)
 	$(PY) -m labsupport data
 	$(PY) -m autograder run
 
+# pytest-xdist, a worker per core, a test file per worker at a time (--dist loadfile): the instructor
+# tests, which grade the class once in a module fixture (about half the suite's time), start first
+# (the file with the most tests), and the other files run beside them.
 test: $(STAMP) browser sandbox slurm
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadfile
 
 # The HTML report's test renders it in Debian's chromium. Install it when we can (root, apt); the
 # test skips visibly, saying how to install it, where we cannot.

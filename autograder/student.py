@@ -6,7 +6,7 @@
   hidden tests, outputs cleared);
 - ``labsupport/``: the repository's helper package (its package data included, caches left out);
 - ``pyproject.toml``: the repository's, which builds ``labsupport`` (pytest's section dropped);
-- ``requirements.txt``: the repository's, less the instructor-only packages (nbgrader, pytest);
+- ``requirements.txt``: the repository's, less the instructor-only packages (nbgrader, pytest, pytest-xdist);
 - ``README.md``: for students (``student_README.md`` beside this file);
 - ``data/README.md``: the repository's (the dataset is generated on first use),
 
@@ -32,7 +32,7 @@ import nbformat
 from .course import CourseError
 
 STUDENT_README = Path(__file__).resolve().parent / "student_README.md"
-INSTRUCTOR_ONLY = ("nbgrader", "pytest")  # requirements students do not need (grading, tests)
+INSTRUCTOR_ONLY = ("nbgrader", "pytest", "pytest-xdist")  # requirements students do not need (grading, tests)
 # What the distribution may hold: these files, and files below these folders.
 TOP_FILES = ("pyproject.toml", "requirements.txt", "README.md", "data/README.md")
 TOP_FOLDERS = ("notebooks", "labsupport")

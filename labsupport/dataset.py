@@ -14,6 +14,7 @@ CIFAR-10 copy already on disk.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -209,14 +210,47 @@ def ensure(root: Path | str | None = None, *, full_check: bool = False, progress
     chosen = root is not None or bool(os.environ.get("LAB_DATA"))  # not the default location
     root = Path(root) if root is not None else default_root()
     wanted = _params(**params)
-    manifest = _read_manifest(root)
-    ours = isinstance(manifest, dict) and str(manifest.get("params", {}).get("generator", "")).startswith("lab-shapes")
     # A lab-shapes set someone chose (LAB_DATA or a root, e.g. a small one for tests) is used as
     # it is, whatever its size; only the default location is kept at the default parameters.
-    same_params = manifest["params"] == wanted if ours else False
-    if ours and _looks_intact(root, manifest) and (same_params or (chosen and not params)) \
-            and not (full_check and verify(root)):
+    any_size = chosen and not params
+    if _ready(root, wanted, any_size, full_check):
         return root
+    # Two processes may get here at once (two notebooks started together, or two test workers):
+    # one generates, the other waits for it and then finds the dataset intact.
+    with _generating(root):
+        return _generate_unless_ready(root, wanted, any_size, full_check, progress)
+
+
+def _ready(root: Path, wanted: dict, any_size: bool, full_check: bool) -> bool:
+    """True if ``root`` holds an intact lab-shapes set with these parameters (any, if ``any_size``)."""
+    manifest = _read_manifest(root)
+    ours = isinstance(manifest, dict) and str(manifest.get("params", {}).get("generator", "")).startswith("lab-shapes")
+    return (ours and _looks_intact(root, manifest) and (manifest["params"] == wanted or any_size)
+            and not (full_check and verify(root)))
+
+
+@contextlib.contextmanager
+def _generating(root: Path):
+    """Held while a dataset is generated at ``root``: an exclusive lock on a file beside it (POSIX;
+    elsewhere no lock, as before)."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    with open(root.with_name(f".{root.name}.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _generate_unless_ready(root: Path, wanted: dict, any_size: bool, full_check: bool, progress: bool) -> Path:
+    """ensure()'s work once it holds the lock: the dataset may be ready now (another process
+    generated it while this one waited); if not, generate it, unless ``root`` is someone else's."""
+    if _ready(root, wanted, any_size, full_check):
+        return root
+    manifest = _read_manifest(root)
+    ours = isinstance(manifest, dict) and str(manifest.get("params", {}).get("generator", "")).startswith("lab-shapes")
     if not ours and root.is_dir() and any(root.iterdir()):
         train = root / "train"
         if (root / "cifar-10-batches-py").is_dir() or (
@@ -228,7 +262,6 @@ def ensure(root: Path | str | None = None, *, full_check: bool = False, progress
                                "train/; refusing to overwrite it. Delete it or point LAB_DATA elsewhere.")
     # Build next to the target and rename into place, so an interrupted run never
     # leaves a half-written dataset at `root` that could pass for a complete one.
-    root.parent.mkdir(parents=True, exist_ok=True)
     tmp, old = (root.with_name(f".{root.name}.{tag}-{os.getpid()}") for tag in ("tmp", "old"))
     shutil.rmtree(tmp, ignore_errors=True)
     generate(tmp, progress=progress, **{k: wanted[k] for k in DEFAULTS})

@@ -1,10 +1,24 @@
-"""Shared fixtures: a tiny generated dataset and the tiny profile, so tests stay fast."""
+"""Shared fixtures: a tiny generated dataset and the tiny profile, so tests stay fast.
 
-import pytest
-import torch
+One intra-op thread per process, in this process and every process the tests start (kernels,
+verdicts, graders inherit it): the suite runs several torch processes per core at once (the
+instructor fixture's three graders, and pytest-xdist's workers beside them). With two OpenMP
+threads each, their threads spin waiting for each other. Four ResNet-18 training loops at once on
+two cores, two of them pinned to a core each: the two others took 89 s with two threads each, 18 s
+with one. Set OMP_NUM_THREADS to run the tests with more.
+"""
 
-from labsupport import dataset
-from labsupport.hardware import PROFILES
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported, here or in any child
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from labsupport import dataset  # noqa: E402
+from labsupport.hardware import PROFILES  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was imported before this file
 
 
 @pytest.fixture(scope="session")

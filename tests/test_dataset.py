@@ -88,7 +88,30 @@ def test_ensure_regenerates_a_damaged_dataset(small, small_copy):
     dataset.ensure(small_copy, progress=False, full_check=True, **params)
     assert _hashes(small_copy) == _hashes(small)
     # Built next to the target and renamed into place: no temporary folders left over.
-    assert [p.name for p in small_copy.parent.iterdir()] == ["ds"]
+    assert [p.name for p in small_copy.parent.iterdir() if p.is_dir()] == ["ds"]
+
+
+def test_ensure_waits_for_another_process_generating_the_same_dataset(tmp_path):
+    """Two notebooks started at once on a fresh machine (or two test workers) both call ensure():
+    one generates while the other waits for it, then finds the dataset intact, instead of both
+    generating and renaming over the folder the first one is already reading."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "ds"
+    params = {k: v for k, v in SMALL.items() if k != "progress"}
+    code = ("from labsupport import dataset; print('imported', flush=True); "
+            f"print(dataset.ensure({str(root)!r}, progress=False, **{params!r}))")
+    with dataset._generating(root):  # another process is generating it
+        waiting = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert waiting.stdout.readline().strip() == "imported"
+        with pytest.raises(subprocess.TimeoutExpired):  # generating this small set takes under a second
+            waiting.wait(timeout=3)
+        dataset.generate(root, **SMALL)
+        generated = root.stat().st_ino
+    out, _ = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0 and out.strip() == str(root)
+    assert root.stat().st_ino == generated and dataset.verify(root) == []  # found intact, not generated again
 
 
 def test_ensure_regenerates_on_other_parameters(small_copy):

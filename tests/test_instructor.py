@@ -4,8 +4,8 @@ checked for their exact scores per notebook, feedback files, summary and reports
 
 The scenarios run on the tiny profile and dataset to keep CI fast. The tiny profile grades no
 speed (those checks say n/a after the student's code ran, and n/a earns the points), so what a
-cheat gains or loses on speed is proven at the real profile in
-``test_hardcoded_answers_fail_the_speed_checks_at_the_real_profile``.
+cheat gains or loses on speed is proven at the real profile in tests/test_real_profile.py
+(``test_hardcoded_answers_fail_the_speed_checks_at_the_real_profile``).
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
 # test_05_break_even_and_outputs...; wrong-but-fast 03's missing backward and 04's unscaled
 # accumulation: test_03_step_that_skips_backward_fails, test_04_accumulation_...; reuse 03 and 04
 # call what 02 shows gone; shortcuts 05's decoy compile: test_05_the_timed_calls_must_run_the_models_
-# compiled_graph), and hardcoded 02 and 05 at the real profile below (hardcoded 02, the naive
-# loader, is correct and only slow, which the tiny profile does not grade).
+# compiled_graph), and hardcoded 02 and 05 at the real profile in tests/test_real_profile.py
+# (hardcoded 02, the naive loader, is correct and only slow, which the tiny profile does not grade).
 NOT_HANDED_IN = {"hardcoded": ("02_data_loading", "05_compile"), "wrong-but-fast": ("03_amp", "04_checkpointing"),
                  "reuse": ("03_amp", "04_checkpointing"), "shortcuts": ("05_compile",)}
 # The per-cell limit for the batch with the infinite loop: what the loop costs, and what the
@@ -148,9 +148,9 @@ NO_SANDBOX = sandbox.problem()
 # Scenarios left out of the batch, to keep make test under 30 minutes, with where their point is
 # proven instead.
 OUT_OF_BATCH = {
-    "hardcoded": "graded at the real profile (test_hardcoded_answers_fail_the_speed_checks_at_the_real_"
-                 "profile); at the tiny profile its 02 is a correct slow loader and its 03's missing autocast "
-                 "is test_grading's fp16-without-a-scaler case",
+    "hardcoded": "graded at the real profile (test_real_profile.py's test_hardcoded_answers_fail_the_"
+                 "speed_checks_at_the_real_profile); at the tiny profile its 02 is a correct slow loader "
+                 "and its 03's missing autocast is test_grading's fp16-without-a-scaler case",
     "monkeypatch": "verdicts run outside the kernel, so a labsupport function patched there is never called "
                    "by the grader (cheater and patched-baseline bend the kernel's side, and are graded here)",
 }
@@ -494,49 +494,6 @@ def test_calibration_file_is_written_and_used_by_grading(tmp_path, monkeypatch, 
     assert (threshold is None and calibrated == "n/a" and why) or threshold == pytest.approx(calibrated)
     other = dict(machine, device_name="another machine")
     assert grading.threshold_for("02-loader-speedup", other)[0] == 3.0  # class default elsewhere
-
-
-# --- the real profile: what hardcoded answers gain on speed ----------------------------------------
-
-@pytest.mark.slow
-def test_hardcoded_answers_fail_the_speed_checks_at_the_real_profile(monkeypatch, tmp_path):
-    """At this machine's own profile, on the real dataset: the hardcoded scenario's code fails every
-    speed check that applies on this device class, while its correctness partners pass.
-
-    The grading machine is calibrated as one where compiling does not pay (05's speed n/a, as
-    `calibrate` writes on an AVX-512 BF16 CPU without AMX): the uncompiled model still fails. And
-    the naive loader, whose data wait is under the 10% bar on a CPU, fails the data-wait check.
-    """
-    monkeypatch.delenv("LAB_PROFILE", raising=False)
-    monkeypatch.delenv("LAB_DATA", raising=False)
-    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
-    machine = describe_machine().as_dict()
-    calibration = tmp_path / "calibration.toml"
-    calibration.write_text(f'[machine]\ndevice_class = "{machine["device_class"]}"\n'
-                           f'device_name = "{machine["device_name"]}"\n'
-                           '[thresholds]\n"05-compile-speedup" = "n/a"\n')
-    monkeypatch.setenv("LAB_CALIBRATION", str(calibration))
-    from autograder import reference
-
-    reference.keep_all()  # 05 infers in 03's precision: the reference's, carried forward
-    release = {p.stem: nbformat.read(p, as_version=4) for p in sorted(course.NOTEBOOKS_DIR.glob("*.ipynb"))}
-    masters = {p.stem: nbformat.read(p, as_version=4) for p in course.masters()}
-    cheat = scenarios.build("hardcoded", release, masters)
-    speed = {"02": ("02-loader-speedup", "02-data-wait-share"), "03": ("03-amp-speedup",),
-             "05": ("05-compile-speedup",)}
-    for notebook, ids in speed.items():
-        if notebook == "03" and grading.threshold_for("03-amp-speedup", machine)[0] is None:
-            print(f"03-amp-speedup not graded on {machine['device_class']}, where fp32 is the lab's choice")
-            continue
-        namespace = reference.namespace(notebook)  # ls, torch, lab, ... then the cheat's cells
-        cells = [c for c in next(nb for name, nb in cheat.items() if name.startswith(notebook)).cells
-                 if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
-        for cell in cells:
-            exec(compile(cell.source, f"hardcoded {notebook}", "exec"), namespace)
-        found = grading.run(notebook, namespace, only=ids, keep=False)
-        for check in ids:
-            result = found[check]
-            assert result.status == "fail" and not result.note.startswith("correctness"), (check, result)
 
 
 def test_grading_uses_the_calibration_of_its_course_root(tmp_path, monkeypatch):

@@ -88,12 +88,12 @@ def test_distribution_holds_only_the_student_files(distribution):
 
 
 def test_distribution_metadata_is_for_students(distribution):
-    """requirements.txt is the repository's without nbgrader and pytest; pyproject.toml has no
-    pytest section but still builds labsupport; the README tells how to install and submit."""
+    """requirements.txt is the repository's without nbgrader, pytest and pytest-xdist; pyproject.toml
+    has no pytest section but still builds labsupport; the README tells how to install and submit."""
     folder = distribution["folder"]
     repo_names = {student._requirement_name(l) for l in (REPO / "requirements.txt").read_text().splitlines()} - {None}
     names = {student._requirement_name(l) for l in (folder / "requirements.txt").read_text().splitlines()} - {None}
-    assert names == repo_names - {"nbgrader", "pytest"}, f"requirements.txt installs {sorted(names)}"
+    assert names == repo_names - {"nbgrader", "pytest", "pytest-xdist"}, f"requirements.txt installs {sorted(names)}"
     pyproject = (folder / "pyproject.toml").read_text()
     assert "[tool.pytest" not in pyproject and "testpaths" not in pyproject
     import tomllib
