@@ -224,9 +224,13 @@ def ensure(root: Path | str | None = None, *, full_check: bool = False, progress
 def _ready(root: Path, wanted: dict, any_size: bool, full_check: bool) -> bool:
     """True if ``root`` holds an intact lab-shapes set with these parameters (any, if ``any_size``)."""
     manifest = _read_manifest(root)
-    ours = isinstance(manifest, dict) and str(manifest.get("params", {}).get("generator", "")).startswith("lab-shapes")
-    return (ours and _looks_intact(root, manifest) and (manifest["params"] == wanted or any_size)
+    return (_ours(manifest) and _looks_intact(root, manifest) and (manifest["params"] == wanted or any_size)
             and not (full_check and verify(root)))
+
+
+def _ours(manifest) -> bool:
+    """True for the manifest of a lab-shapes set (one this module generated)."""
+    return isinstance(manifest, dict) and str(manifest.get("params", {}).get("generator", "")).startswith("lab-shapes")
 
 
 @contextlib.contextmanager
@@ -249,9 +253,7 @@ def _generate_unless_ready(root: Path, wanted: dict, any_size: bool, full_check:
     generated it while this one waited); if not, generate it, unless ``root`` is someone else's."""
     if _ready(root, wanted, any_size, full_check):
         return root
-    manifest = _read_manifest(root)
-    ours = isinstance(manifest, dict) and str(manifest.get("params", {}).get("generator", "")).startswith("lab-shapes")
-    if not ours and root.is_dir() and any(root.iterdir()):
+    if not _ours(_read_manifest(root)) and root.is_dir() and any(root.iterdir()):
         train = root / "train"
         if (root / "cifar-10-batches-py").is_dir() or (
                 train.is_dir() and sorted(p.name for p in train.iterdir() if p.is_dir()) != list(CLASSES)):
