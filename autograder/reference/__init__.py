@@ -19,15 +19,26 @@ from .. import course
 
 def namespace(notebook: str, course_root: Path = course.COURSE_ROOT,
               cell_ids: tuple[str, ...] | None = None) -> dict:
-    """A namespace holding master ``notebook``'s graded solution cells (or the cells ``cell_ids``), executed.
+    """A namespace holding master ``notebook``'s graded solution cells (or the cells ``cell_ids``),
+    executed (see :func:`execute`). Used by: calibrate and the tests."""
+    master = next((p for p in course.masters(course_root) if p.name.startswith(f"{notebook}_")), None)
+    if master is None:
+        raise course.CourseError(f"No master notebook {notebook}_*.ipynb in the course.")
+    return execute(nbformat.read(master, as_version=4), notebook, f"master {master.name}", cell_ids)
 
-    The graded solution cells are those whose id is one of the notebook's graded names in the
-    registry (``labsupport.notebooks``): they define what the checks call.
+
+def execute(nb, notebook: str, label: str, cell_ids: tuple[str, ...] | None = None) -> dict:
+    """A namespace holding notebook ``nb``'s graded solution cells (or the cells ``cell_ids``), executed.
+
+    ``nb`` is notebook ``notebook`` ("04") of the lab: a master, or a submission (the tests grade
+    scenario submissions this way); ``label`` names it in tracebacks. The graded solution cells
+    are those whose id is one of the notebook's graded names in the registry
+    (``labsupport.notebooks``): they define what the checks call.
 
     The names a notebook's setup cell provides (``ls``, ``torch``, ``F``, ``pd``, ``lab``) are
     there first, so the solutions run as they do in the notebook. Each cell's source is
     registered with ``linecache``, as IPython does, so ``inspect.getsource`` works on what it
-    defines (the carried-forward code needs it). Used by: calibrate and the tests.
+    defines (the carried-forward code needs it).
     """
     import pandas as pd
     import torch
@@ -35,10 +46,6 @@ def namespace(notebook: str, course_root: Path = course.COURSE_ROOT,
     import labsupport as ls
     from labsupport import grading, notebooks
 
-    master = next((p for p in course.masters(course_root) if p.name.startswith(f"{notebook}_")), None)
-    if master is None:
-        raise course.CourseError(f"No master notebook {notebook}_*.ipynb in the course.")
-    nb = nbformat.read(master, as_version=4)
     space = {"__name__": f"reference_{notebook}", "ls": ls, "torch": torch, "F": torch.nn.functional,
              "pd": pd, "lab": grading.grading_lab()}
     for cell in nb.cells:
@@ -47,7 +54,7 @@ def namespace(notebook: str, course_root: Path = course.COURSE_ROOT,
         wanted = cell.cell_type == "code" and cell.get("id") in ids and \
             (cell_ids is not None or meta.get("solution"))
         if wanted:
-            filename = f"<master {master.name}:{cell.get('id')}>"
+            filename = f"<{label}:{cell.get('id')}>"
             linecache.cache[filename] = (len(cell.source), None, cell.source.splitlines(True), filename)
             exec(compile(cell.source, filename, "exec"), space)
     return space

@@ -1,0 +1,67 @@
+"""Scenario notebooks left out of the instructor batch, graded here as the grader grades them, but
+without a kernel: exactly the scenario's code, exactly its points.
+
+test_instructor.py grades every scenario end to end (kernel, carried code, verdict process,
+gradebook) in one batch, which is most of make test's time. A notebook whose wrong code is a
+scenario's point, and whose way through the kernel and the carry is already proven by the
+reference's and other scenarios' notebooks, is left out of that batch (NOT_HANDED_IN there) and
+graded here instead:
+
+- the scenario's notebooks are built from the committed release and the masters, as for the batch;
+- the notebooks it hands in before this one are carried forward, as their checks would have kept
+  them (what the later checks use: 03's precision and step, 05's compile);
+- this notebook's graded solution cells run in a namespace, and are carried too; the checks run on
+  the carried code, as in the verdict process (labsupport/grading/verdict.py);
+- the test cells are scored from the checks each requires (verdicts.cell_scores), and the cells that
+  score 0 must be exactly LOSES[scenario][notebook], the batch's own table.
+"""
+
+import nbformat
+import pytest
+import scenarios
+from test_instructor import LOSES, NOT_HANDED_IN, POINTS
+
+from autograder import course, reference, verdicts
+from labsupport import carry, grading
+
+# The scenario notebooks graded here: (scenario, notebook). Each is in NOT_HANDED_IN.
+UNBATCHED = (("honest-bugs", "04_checkpointing"), ("honest-bugs", "07_compression"),
+             ("shortcuts", "04_checkpointing"), ("shortcuts", "07_compression"))
+
+
+def test_every_notebook_graded_here_is_left_out_of_the_batch():
+    assert all(notebook in NOT_HANDED_IN.get(scenario, ()) for scenario, notebook in UNBATCHED), UNBATCHED
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Every scenario of UNBATCHED, built from the committed release (which test_course proves is
+    what the masters generate) and the masters."""
+    def read(paths):
+        return {p.stem: nbformat.read(p, as_version=4) for p in paths}
+
+    release = read(sorted(course.NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")))
+    masters = read(course.masters())
+    return {s: scenarios.build(s, release, masters) for s in {s for s, _ in UNBATCHED}}
+
+
+@pytest.mark.parametrize("scenario, notebook", UNBATCHED, ids=lambda v: v)
+def test_scenario_notebook_loses_exactly_its_points(built, scenario, notebook, tiny_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_DATA", str(tiny_data))
+    monkeypatch.setenv("LAB_PROFILE", "tiny")
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("LAB_CALIBRATION", str(tmp_path / "no-calibration.toml"))
+    handed_in = built[scenario]
+    for name in sorted(handed_in):  # the notebooks before this one, and this one, as their checks keep them
+        if name <= notebook:
+            number = name[:2]
+            carry.keep(number, reference.execute(handed_in[name], number, f"{scenario} {name}"))
+    lab = grading.grading_lab()
+    number = notebook[:2]
+    found = grading.run(number, dict(vars(carry.load(number, lab=lab))), lab=lab, keep=False)
+    passed = verdicts.cell_scores({"checks": {c: {"status": r.status} for c, r in found.items()}},
+                                  verdicts.checks_by_cell(course.COURSE_ROOT)[notebook])
+    assert set(passed) == set(POINTS[notebook])
+    lost = {cell for cell, ok in passed.items() if not ok}
+    notes = {c: f"{r.status}: {r.note}" for c, r in found.items()}
+    assert lost == LOSES[scenario].get(notebook, set()), f"{scenario} {notebook}: lost {sorted(lost)}; {notes}"
