@@ -309,12 +309,25 @@ SCENARIOS = ("reference", "unchanged", "hardcoded", "wrong-but-fast", "monkeypat
              "patched-baseline") + attacks.ATTACKS
 
 
+def _read(paths) -> dict:
+    """``{name: notebook}`` of the notebook files ``paths``."""
+    return {p.stem: nbformat.read(p, as_version=4) for p in paths}
+
+
+def from_checkout(scenario: str) -> dict:
+    """``scenario``'s notebooks, built from the committed release (notebooks/, which test_course
+    proves is what the masters generate) and the masters, without running nbgrader."""
+    from autograder import course
+
+    return build(scenario, _read(sorted(course.NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))), _read(course.masters()))
+
+
 def write(scenario: str, release_dir: Path, masters_dir: Path, folder: Path) -> list[Path]:
     """Write ``scenario``'s notebooks into ``folder`` (a student's submission folder)."""
-    read = lambda d: {p.stem: nbformat.read(p, as_version=4) for p in sorted(Path(d).glob("*.ipynb"))}  # noqa: E731
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, nb in build(scenario, read(release_dir), read(masters_dir)).items():
+    for name, nb in build(scenario, _read(sorted(Path(release_dir).glob("*.ipynb"))),
+                          _read(sorted(Path(masters_dir).glob("*.ipynb")))).items():
         path = folder / f"{name}.ipynb"
         nbformat.write(nb, path)
         written.append(path)

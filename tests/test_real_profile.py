@@ -8,11 +8,9 @@ with the grader's checks at the real profile, on the real dataset. A file of its
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 
 import scenarios
-from autograder import course
 from labsupport import grading
 from labsupport.hardware import describe_machine
 
@@ -38,20 +36,14 @@ def test_hardcoded_answers_fail_the_speed_checks_at_the_real_profile(monkeypatch
     from autograder import reference
 
     reference.keep_all()  # 05 infers in 03's precision: the reference's, carried forward
-    release = {p.stem: nbformat.read(p, as_version=4) for p in sorted(course.NOTEBOOKS_DIR.glob("*.ipynb"))}
-    masters = {p.stem: nbformat.read(p, as_version=4) for p in course.masters()}
-    cheat = scenarios.build("hardcoded", release, masters)
+    cheat = {name[:2]: nb for name, nb in scenarios.from_checkout("hardcoded").items()}
     speed = {"02": ("02-loader-speedup", "02-data-wait-share"), "03": ("03-amp-speedup",),
              "05": ("05-compile-speedup",)}
     for notebook, ids in speed.items():
         if notebook == "03" and grading.threshold_for("03-amp-speedup", machine)[0] is None:
             print(f"03-amp-speedup not graded on {machine['device_class']}, where fp32 is the lab's choice")
             continue
-        namespace = reference.namespace(notebook)  # ls, torch, lab, ... then the cheat's cells
-        cells = [c for c in next(nb for name, nb in cheat.items() if name.startswith(notebook)).cells
-                 if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
-        for cell in cells:
-            exec(compile(cell.source, f"hardcoded {notebook}", "exec"), namespace)
+        namespace = reference.execute(cheat[notebook], notebook, f"hardcoded {notebook}")  # the cheat's graded cells
         found = grading.run(notebook, namespace, only=ids, keep=False)
         for check in ids:
             result = found[check]

@@ -7,7 +7,8 @@ scenario's point, and whose way through the kernel and the carry is already prov
 reference's and other scenarios' notebooks, is left out of that batch (NOT_HANDED_IN there) and
 graded here instead:
 
-- the scenario's notebooks are built from the committed release and the masters, as for the batch;
+- the scenario's notebooks are built from the committed release and the masters, as for the batch
+  (scenarios.from_checkout);
 - the notebooks it hands in before this one are carried forward, as their checks would have kept
   them (what the later checks use: 03's precision and step, 05's compile);
 - this notebook's graded solution cells run in a namespace, and are carried too; the checks run on
@@ -16,7 +17,6 @@ graded here instead:
   score 0 must be exactly LOSES[scenario][notebook], the batch's own table.
 """
 
-import nbformat
 import pytest
 import scenarios
 from test_instructor import LOSES, NOT_HANDED_IN, POINTS
@@ -35,14 +35,8 @@ def test_every_notebook_graded_here_is_left_out_of_the_batch():
 
 @pytest.fixture(scope="module")
 def built():
-    """Every scenario of UNBATCHED, built from the committed release (which test_course proves is
-    what the masters generate) and the masters."""
-    def read(paths):
-        return {p.stem: nbformat.read(p, as_version=4) for p in paths}
-
-    release = read(sorted(course.NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")))
-    masters = read(course.masters())
-    return {s: scenarios.build(s, release, masters) for s in {s for s, _ in UNBATCHED}}
+    """Every scenario of UNBATCHED, built as for the batch."""
+    return {s: scenarios.from_checkout(s) for s in {s for s, _ in UNBATCHED}}
 
 
 @pytest.mark.parametrize("scenario, notebook", UNBATCHED, ids=lambda v: v)
