@@ -24,11 +24,12 @@ run: $(STAMP)
 	$(PY) -m labsupport data
 	$(PY) -m autograder run
 
-# pytest-xdist, a worker per core, a test file per worker at a time (--dist loadfile): the instructor
-# tests, which grade the class once in a module fixture (about half the suite's time), start first
-# (the file with the most tests), and the other files run beside them.
+# pytest-xdist, a worker per core, a test file per worker at a time (--dist loadfile), in the order
+# tests/conftest.py gives (FILE_ORDER, --no-loadscope-reorder): the instructor tests, which grade
+# the class once in a module fixture (the long pole), start first, and the other files run beside
+# them, longest first.
 test: $(STAMP) browser sandbox slurm
-	$(PY) -m pytest -n auto --dist loadfile
+	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 # The HTML report's test renders it in Debian's chromium. Install it when we can (root, apt); the
 # test skips visibly, saying how to install it, where we cannot.

@@ -10,8 +10,9 @@ check marked ``calibrate = true`` in thresholds.toml (the speed and memory ratio
 - where lower is better (shares, byte ratios, overhead): ``max(class default, worst run / MARGIN)``.
 
 So a bar is lowered only as far as this machine needs for the reference to clear it with a
-margin, and never raised: the class defaults are the course's bar. Correctness checks, the
-memory budget and counts are not calibrated. The result goes to ``calibration.toml`` (or
+margin, and never raised: the class defaults are the course's bar. A check that is n/a on this
+machine's class is not measured (it stays n/a). Correctness checks, the memory budget and counts
+are not calibrated. The result goes to ``calibration.toml`` (or
 ``LAB_CALIBRATION``), which grading uses on this machine (same device class and device name) and
 nowhere else; the table printed compares class defaults with calibrated thresholds.
 """
@@ -134,19 +135,24 @@ def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path 
         raise course.CourseError("calibrate needs at least one run (3 or more are recommended).")
     machine = describe_machine()
     path = Path(path) if path else course.calibration_file(course_root)
+    specs = calibrated_checks()
+    shown = tuple(c for c in specs if only is None or c in only)
+    # A check whose class default is n/a here stays n/a whatever the reference measures (derive),
+    # so it is not measured: on class cpu that is 03's, 05's and 06's (a cold compile among them).
+    applies = tuple(c for c in shown if specs[c].get(machine.device_class) not in (None, "n/a"))
     # Measure with the class defaults, whatever an older calibration file says.
     old = os.environ.get("LAB_CALIBRATION")
     os.environ["LAB_CALIBRATION"] = str(path.with_suffix(".ignored-during-calibration"))
     try:
-        values, problems = measure(runs, course_root, only=only, progress=progress)
+        values, problems = measure(runs, course_root, only=applies, progress=progress)
     finally:
         if old is None:
             os.environ.pop("LAB_CALIBRATION", None)
         else:
             os.environ["LAB_CALIBRATION"] = old
-    specs = calibrated_checks()
     rows, thresholds, reasons = [], {}, {}
-    for check, vals in values.items():
+    for check in shown:
+        vals = values.get(check, [])
         value, why = derive(check, specs[check], machine.device_class, vals)
         thresholds[check] = value
         if value == "n/a":
@@ -167,7 +173,7 @@ def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path 
              f"margin = {MARGIN}", f"speedup_floor = {SPEEDUP_FLOOR}", "", "[thresholds]"]
     lines += [f"{json.dumps(c)} = {json.dumps(v)}" for c, v in thresholds.items()]
     lines += ["", "[na]"] + [f"{json.dumps(c)} = {json.dumps(r)}" for c, r in reasons.items()]
-    lines += ["", "[measured]  # every usable run of the reference"]
+    lines += ["", "[measured]  # every usable run of the reference (none where the class's bar is n/a)"]
     lines += [f"{json.dumps(c)} = [{', '.join(f'{v:.4g}' for v in vals)}]" for c, vals in values.items()]
     if problems:
         lines += ["", "# problems:"] + [f"#   {p}" for p in problems]

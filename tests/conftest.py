@@ -21,6 +21,26 @@ from labsupport.hardware import PROFILES  # noqa: E402
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was imported before this file
 
 
+# The order make test hands the test files to its two workers (pytest-xdist, --dist loadfile
+# --no-loadscope-reorder: a file per worker at a time, the next file to whichever worker frees up
+# first). The instructor tests first: about 1100 s of grading in one fixture, the long pole, on
+# one worker. Beside them, the other worker's longest files first (contended seconds, class cpu,
+# a fresh clone: real-profile 117, learnable 205, compiled step 159, Colab 111, ...) and the
+# shortest last, so that both workers finish at about the same time. xdist's own order (most
+# tests first) had left real-profile, one test, to run last on one core while the other idled
+# for 113 s. A test file not named here runs after these (test_course checks they are all named).
+FILE_ORDER = ("test_instructor.py", "test_real_profile.py", "test_dataset.py", "test_train.py",
+              "test_student.py", "test_checks.py", "test_grading.py", "test_distributed.py",
+              "test_unbatched.py", "test_measure.py", "test_course.py", "test_pipeline.py",
+              "test_report.py", "test_slurm.py", "test_sandbox.py", "test_memory.py",
+              "test_parallel.py", "test_hardware.py", "test_carry.py", "test_results.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(FILE_ORDER)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order kept
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """A 10-class lab dataset with a few small images per class (not the real one)."""

@@ -16,7 +16,7 @@ they follow the masters whenever the lab changes:
 - ``infinite-loop``: in 01, the cell that defines ``measure_throughput`` never ends.
 - ``tampered``: in 02, no solution, and the test cells and the graded-checks cell are edited to
   pass.
-- ``slow-loader``: the reference with a correct but slower 02 loader, 04, 05 and 07 not submitted.
+- ``slow-loader``: the reference with a correct but slower 02 loader; 01, 04, 05 and 07 not submitted.
 - ``reuse``: answers reused from where they used to ship.
 - ``shortcuts``: each does less than the check times, and passed the checks before their
   correctness partners covered what is measured (02 decodes its training images at half
@@ -188,7 +188,10 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
         # Every later rung and 06's end-to-end check must use it (the student's own ladder).
         # 04 and 05 are not submitted, to keep the tests short: their rungs run the same carried
         # loader as 03's, through the same code (labsupport/grading/rungs.py); 07 records no rung.
-        nbs = {n: nb for n, nb in ref.items() if n not in ("04_checkpointing", "05_compile", "07_compression")}
+        # Nor is 01: its baseline rung runs the naive loader, not the student's, and 06's
+        # end-to-end check re-measures the naive baseline itself.
+        nbs = {n: nb for n, nb in ref.items()
+               if n not in ("01_profile", "04_checkpointing", "05_compile", "07_compression")}
         cell = _by_id(nbs["02_data_loading"], "make_fast_loader")
         cell.source = ("import time\n\n" + cell.source.replace("def make_fast_loader(", "def _decode_once_loader(", 1)
                        + "\n\n\ndef make_fast_loader(lab, split=\"train\", augment=True):\n"

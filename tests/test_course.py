@@ -85,3 +85,14 @@ def test_only_a_missed_speed_or_memory_bar_counts_as_information():
                             "not optimised: torch.compile captured no graph") is None
     assert run.bar_check("06-stages failed on cpu: measured 4, needs >= 5. 04-memory missing") is None
     assert run.bar_check("04-grad-match failed on cpu: measured 0. gradients #3 differ") is None
+
+
+def test_make_tests_file_order_names_every_test_file():
+    """make test hands the test files to its workers in conftest's FILE_ORDER, longest first: a file
+    left out would run last, where a long one leaves the other core idle."""
+    from pathlib import Path
+
+    import conftest
+
+    files = sorted(p.name for p in Path(conftest.__file__).parent.glob("test_*.py"))
+    assert sorted(conftest.FILE_ORDER) == files, "name every test file in tests/conftest.py's FILE_ORDER"

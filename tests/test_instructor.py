@@ -70,7 +70,7 @@ LOSES = {
     # stages fail too, since 01 was not submitted.
     # correct but slower: speed is not graded at the tiny profile, so it keeps every point here
     # (test_the_ladder_is_the_students_own shows the slower loader in its ladder instead).
-    # 04, 05 and 07 not submitted: 06 finds their stages missing (the end-to-end check needs them all).
+    # 01, 04, 05 and 07 not submitted: 06 finds their stages missing (the end-to-end check needs them all).
     "slow-loader": {"06_report": {"test_stages", "test_end_to_end"}},
     # Attacks on the grader (tests/attacks.py). What they did in the kernel reaches nothing else:
     # the hostile one's 01 is the reference's work and keeps its points; the others lose exactly
@@ -126,7 +126,7 @@ SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
            "monkeypatch": {"02_data_loading"}, "crash": {"01_profile"},
            "infinite-loop": {"01_profile"}, "tampered": {"02_data_loading"},
            "reuse": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile", "06_report"},
-           "slow-loader": set(POINTS) - {"04_checkpointing", "05_compile", "07_compression"}, "hostile": {"01_profile"},
+           "slow-loader": set(POINTS) - {"01_profile", "04_checkpointing", "05_compile", "07_compression"}, "hostile": {"01_profile"},
            "cheater": {"01_profile", "02_data_loading", "06_report"},
            "outsider": {"01_profile", "02_data_loading"}, "filler": {"01_profile"}, "sleeper": {"01_profile"}}
 # Notebooks of a scenario left out of this batch, to keep make test under 30 minutes: each one's
@@ -343,7 +343,7 @@ def test_the_ladder_is_the_students_own(graded):
     import re
 
     results = graded["root"] / "results"
-    stages = ("01-baseline", "02-data", "03-amp")  # slow-loader hands in no 04 or 05
+    stages = ("02-data", "03-amp")  # slow-loader hands in no 01, 04 or 05
     who = ("reference", "slow-loader")
     rate = {w: {stage: json.loads((results / w / f"{stage}.json").read_text())["metrics"]["samples_per_s"]
                 for stage in stages} for w in who}
@@ -500,6 +500,37 @@ def test_calibration_file_is_written_and_used_by_grading(tmp_path, monkeypatch, 
     assert (threshold is None and calibrated == "n/a" and why) or threshold == pytest.approx(calibrated)
     other = dict(machine, device_name="another machine")
     assert grading.threshold_for("02-loader-speedup", other)[0] == 3.0  # class default elsewhere
+
+
+@pytest.mark.parametrize("device_class", ["cpu", "cpu-bf16"])
+def test_calibrate_measures_only_the_checks_that_apply_on_the_machines_class(tmp_path, monkeypatch, device_class):
+    """A check whose class default is n/a stays n/a whatever the reference measures, so calibrate
+    does not run it (on class cpu: 03's, 05's cold compile, 06's); its row and its line in the
+    file still say n/a, and why."""
+    import dataclasses
+    import tomllib
+
+    from labsupport import hardware
+
+    real = hardware.describe_machine()
+    monkeypatch.setattr(hardware, "describe_machine", lambda: dataclasses.replace(real, device_class=device_class))
+    asked = []
+
+    def measure(runs, course_root, *, only, progress):
+        asked.extend(only)
+        return {check: [2.0] for check in only}, []
+
+    monkeypatch.setattr(calibrate, "measure", measure)
+    path, table = calibrate.calibrate(1, path=tmp_path / "calibration.toml", progress=False)
+    specs = calibrate.calibrated_checks()
+    skipped = {check for check, spec in specs.items() if spec[device_class] == "n/a"}
+    assert ("05-compile-speedup" in skipped) == (device_class == "cpu")
+    assert sorted(asked) == sorted(set(specs) - skipped) and list(table.index) == list(specs)
+    written = tomllib.loads(path.read_text())
+    for check in skipped:
+        assert table.loc[check, "runs"] == 0 and table.loc[check, "calibrated"] == "n/a"
+        assert table.loc[check, "why"] == written["na"][check] == specs[check]["na"][device_class]
+        assert written["thresholds"][check] == "n/a" and check not in written["measured"]
 
 
 def test_grading_uses_the_calibration_of_its_course_root(tmp_path, monkeypatch):
