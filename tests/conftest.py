@@ -23,12 +23,14 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was i
 
 # The order make test hands the test files to its two workers (pytest-xdist, --dist loadfile
 # --no-loadscope-reorder: a file per worker at a time, the next file to whichever worker frees up
-# first). The instructor tests first: about 1100 s of grading in one fixture, the long pole, on
-# one worker. Beside them, the other worker's longest files first (contended seconds, class cpu,
-# a fresh clone: real-profile 117, learnable 205, compiled step 159, Colab 111, ...) and the
-# shortest last, so that both workers finish at about the same time. xdist's own order (most
-# tests first) had left real-profile, one test, to run last on one core while the other idled
-# for 113 s. A test file not named here runs after these (test_course checks they are all named).
+# first). The instructor tests first: about 1050 s of grading in one fixture, the long pole, on
+# one worker. Beside them, the files of the longest single tests (contended seconds, class cpu,
+# a fresh clone: real-profile 117, learnable 205, compiled step 159, Colab 111), then the file of
+# many (test_checks, about 450 s), and the shortest files last, so that the worker that is free
+# first finishes the rest and both end together. xdist's own order (most tests first) had left
+# real-profile, one test, to run last on one core while the other core idled for 113 s; in this
+# order both ended within a second of each other. A test file not named here runs after these
+# (test_course checks that every one is named).
 FILE_ORDER = ("test_instructor.py", "test_real_profile.py", "test_dataset.py", "test_train.py",
               "test_student.py", "test_checks.py", "test_grading.py", "test_distributed.py",
               "test_unbatched.py", "test_measure.py", "test_course.py", "test_pipeline.py",
