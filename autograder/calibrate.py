@@ -13,8 +13,8 @@ So a bar is lowered only as far as this machine needs for the reference to clear
 margin, and never raised: the class defaults are the course's bar. A check that is n/a on this
 machine's class is not measured (it stays n/a). Correctness checks, the memory budget and counts
 are not calibrated. The result goes to ``calibration.toml`` (or
-``LAB_CALIBRATION``), which grading uses on this machine (same device class and device name) and
-nowhere else; the table printed compares class defaults with calibrated thresholds.
+``LAB_CALIBRATION``), which grading uses on this machine (same device class and device name) at
+the same profile, and nowhere else; the table printed compares class defaults with calibrated thresholds.
 """
 
 from __future__ import annotations
@@ -165,8 +165,8 @@ def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path 
                      "runs": len(vals), "calibrated": value, "why": why})
     lines = [f"# Thresholds of this grading machine, written by `python -m autograder calibrate` on "
              f"{dt.datetime.now().isoformat(timespec='seconds')}.",
-             "# Grading uses them on this machine only (same device class, device name and CPU cores); "
-             "the rule is in autograder/calibrate.py.",
+             "# Grading uses them on this machine only (same device class, device name and CPU cores), "
+             "at this profile; the rule is in autograder/calibrate.py.",
              "[machine]", f"device_class = {json.dumps(machine.device_class)}",
              f"device_name = {json.dumps(machine.device_name)}", f"cpu_cores = {machine.cpu_cores}", "",
              "[calibration]", f"runs = {runs}", f"profile = {json.dumps(profile_for(machine.profile).name)}",

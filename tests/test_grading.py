@@ -39,6 +39,22 @@ def test_calibration_applies_only_to_its_machine(monkeypatch, tmp_path):
     assert grading.threshold_for("03-amp-speedup", other)[0] == 1.3
 
 
+def test_a_calibration_applies_only_at_the_profile_it_was_measured_at(monkeypatch, tmp_path):
+    """A bar eased at the tiny test profile says nothing of the class's own scale: grading there,
+    or at an edited profile, uses the class defaults."""
+    cal = tmp_path / "calibration.toml"
+    cal.write_text('[machine]\ndevice_class = "cpu-bf16"\ndevice_name = "Intel(R) Xeon(R) Processor"\n'
+                   '[calibration]\nprofile = "tiny"\n[thresholds]\n"03-amp-speedup" = 1.15\n')
+    monkeypatch.setenv("LAB_CALIBRATION", str(cal))
+    machine = {**AMX, "profile": "cpu-bf16"}
+    monkeypatch.setenv("LAB_PROFILE", "tiny")
+    assert grading.threshold_for("03-amp-speedup", machine)[0] == 1.15
+    monkeypatch.delenv("LAB_PROFILE")
+    assert grading.threshold_for("03-amp-speedup", machine)[0] == 1.3
+    monkeypatch.setenv("LAB_PROFILE", "tiny:rounds=5")
+    assert grading.threshold_for("03-amp-speedup", machine)[0] == 1.3
+
+
 def test_a_calibration_measured_on_more_cores_does_not_apply_to_a_share_of_them(monkeypatch, tmp_path):
     """grade --jobs 2 on a 2-core machine grades each submission on one core: bars the reference
     cleared on both are not that core's, so the class defaults apply (calibrate on one share)."""

@@ -100,7 +100,8 @@ def threshold_for(check: str, machine: dict) -> tuple[float | None, str, str]:
 
     A calibration file applies only to the machine it was measured on (same device class, device
     name and, where the file records them, CPU cores: ``grade --jobs`` grades each submission on a
-    share of the cores); anywhere else the class defaults apply.
+    share of the cores) and at the profile it was measured at (a bar eased for ``LAB_PROFILE=tiny``
+    says nothing of the class's own scale); anywhere else the class defaults apply.
     """
     checks = _read_toml(thresholds_path(), "thresholds").get("checks", {})
     if check not in checks:
@@ -119,6 +120,9 @@ def threshold_for(check: str, machine: dict) -> tuple[float | None, str, str]:
         measured_on = cal.get("machine", {})
         keys = ("device_class", "device_name") + (("cpu_cores",) if "cpu_cores" in measured_on else ())
         same = all(measured_on.get(k) == machine.get(k) for k in keys)
+        at = cal.get("calibration", {}).get("profile")
+        if at is not None and machine.get("profile") is not None:
+            same = same and at == hardware.profile_for(machine["profile"]).name
         if same and check in cal.get("thresholds", {}):
             value = cal["thresholds"][check]
             if value == "n/a":  # the reference itself cannot clear a meaningful bar here
