@@ -12,9 +12,9 @@ check marked ``calibrate = true`` in thresholds.toml (the speed and memory ratio
 So a bar is lowered only as far as this machine needs for the reference to clear it with a
 margin, and never raised: the class defaults are the course's bar. A check that is n/a on this
 machine's class is not measured (it stays n/a). Correctness checks, the memory budget and counts
-are not calibrated. The result goes to ``calibration.toml`` (or
-``LAB_CALIBRATION``), which grading uses on this machine (same device class and device name) at
-the same profile, and nowhere else; the table printed compares class defaults with calibrated thresholds.
+are not calibrated. The result goes to ``calibration.toml`` (or ``LAB_CALIBRATION``), which
+grading uses on this machine (same device class and device name) at the same profile, and nowhere
+else; the table printed compares class defaults with calibrated thresholds.
 """
 
 from __future__ import annotations
@@ -101,10 +101,16 @@ def _measure_once(number: str, ids: tuple[str, ...], run: int, values: dict, pro
                             f"usable measurement ({result.note if result else 'not run'})")
 
 
+def applies(spec: dict, device_class: str) -> bool:
+    """Whether a check has a class default on ``device_class``: one that is n/a stays n/a whatever
+    the reference measures, so calibrate does not measure it."""
+    return spec.get(device_class) not in (None, "n/a")
+
+
 def derive(check: str, spec: dict, device_class: str, values: list[float]) -> tuple[object, str]:
     """This machine's threshold for ``check`` from the reference's runs: ``(value or "n/a", why)``."""
     default = spec.get(device_class)
-    if default in (None, "n/a"):
+    if not applies(spec, device_class):
         return "n/a", spec.get("na", {}).get(device_class, f"not applicable on {device_class}")
     if not values:
         return float(default), "no usable reference measurement: class default kept"
@@ -137,14 +143,13 @@ def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path 
     path = Path(path) if path else course.calibration_file(course_root)
     specs = calibrated_checks()
     shown = tuple(c for c in specs if only is None or c in only)
-    # A check whose class default is n/a here stays n/a whatever the reference measures (derive),
-    # so it is not measured: on class cpu that is 03's, 05's and 06's (a cold compile among them).
-    applies = tuple(c for c in shown if specs[c].get(machine.device_class) not in (None, "n/a"))
+    # On class cpu, 03's, 05's (a cold compile) and 06's checks are n/a: not measured.
+    measured = tuple(c for c in shown if applies(specs[c], machine.device_class))
     # Measure with the class defaults, whatever an older calibration file says.
     old = os.environ.get("LAB_CALIBRATION")
     os.environ["LAB_CALIBRATION"] = str(path.with_suffix(".ignored-during-calibration"))
     try:
-        values, problems = measure(runs, course_root, only=applies, progress=progress)
+        values, problems = measure(runs, course_root, only=measured, progress=progress)
     finally:
         if old is None:
             os.environ.pop("LAB_CALIBRATION", None)
