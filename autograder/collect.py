@@ -8,12 +8,19 @@ gives a message for that student, and the others are collected all the same.
 Names are matched leniently where the intent is plain (``Copy of 02_data_loading.ipynb`` from
 Colab, ``02_data_loading (1).ipynb`` from a browser download, ``02-Data-Loading.ipynb``), and
 the student is told; anything else is reported as unexpected and not graded.
+
+An inbox is untrusted: links (to the masters, to a system file) are skipped with a note, never
+followed; a notebook is read up to MAX_NOTEBOOK_BYTES, a zip's entries are capped before they
+are decompressed (a zip bomb costs its own student only), and any error collecting one student
+is that student's problem, reported, while the others are collected.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -22,7 +29,8 @@ import nbformat
 
 from . import course
 
-STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]*$")
+MAX_NOTEBOOK_BYTES = 32 * 2**20  # a lab notebook with its outputs cleared is well under 1 MiB
+MAX_ZIP_ENTRIES = 10_000
 _IGNORED_PARTS = {"__MACOSX", ".ipynb_checkpoints"}
 
 
@@ -50,21 +58,64 @@ def canonical(name: str) -> str:
     return re.sub(r"[\s_-]+", "_", stem).lower()
 
 
-def _notebook_files(entry: Path):
-    """(relative name, bytes reader) for every .ipynb in a folder or zip, skipping OS litter."""
+class TooLarge(ValueError):
+    """A notebook in the inbox over MAX_NOTEBOOK_BYTES."""
+
+
+def _read_file(path: Path) -> bytes:
+    """A regular file's bytes, the file opened without following a link, up to the cap."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TooLarge("not a regular file")
+        data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise TooLarge(f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
+    return data
+
+
+def _read_entry(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """A zip entry's bytes, decompressed no further than the cap (its header's size may lie)."""
+    if info.file_size > MAX_NOTEBOOK_BYTES:
+        raise TooLarge(f"{info.file_size} bytes once unpacked, over {MAX_NOTEBOOK_BYTES // 2**20} MiB")
+    with archive.open(info) as f:
+        data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise TooLarge(f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB once unpacked")
+    return data
+
+
+def _notebook_files(entry: Path, skipped: list[str]):
+    """(relative name, bytes reader) for every .ipynb in a folder or zip, skipping OS litter;
+    links (and what is not a file) are not followed but noted in ``skipped``."""
     if entry.is_dir():
-        for path in sorted(entry.rglob("*.ipynb")):
-            rel = path.relative_to(entry)
-            if not _IGNORED_PARTS & set(rel.parts) and not rel.name.startswith("._"):
-                yield str(rel), path.read_bytes
+        for top, dirs, files in os.walk(entry):  # links to folders are listed, never entered
+            for name in sorted(dirs):
+                if os.path.islink(os.path.join(top, name)):
+                    skipped.append(f"{Path(top, name).relative_to(entry)}: a link, not followed")
+            for name in sorted(files):
+                path = Path(top) / name
+                rel = path.relative_to(entry)
+                if not name.lower().endswith(".ipynb") or _IGNORED_PARTS & set(rel.parts) or name.startswith("._"):
+                    continue
+                if path.is_symlink():
+                    skipped.append(f"{rel}: a link, not followed; hand in the notebook itself")
+                    continue
+                yield str(rel), (lambda path=path: _read_file(path))
         return
     with zipfile.ZipFile(entry) as archive:  # BadZipFile is handled by the caller
-        for info in archive.infolist():
+        infos = archive.infolist()
+        if len(infos) > MAX_ZIP_ENTRIES:
+            raise TooLarge(f"{len(infos)} entries in the zip (at most {MAX_ZIP_ENTRIES})")
+        for info in infos:
             rel = PurePosixPath(info.filename)
             if info.is_dir() or rel.suffix.lower() != ".ipynb" or _IGNORED_PARTS & set(rel.parts) \
                     or rel.name.startswith("._"):
                 continue
-            yield str(rel), (lambda info=info: archive.read(info))
+            if stat.S_ISLNK(info.external_attr >> 16):
+                skipped.append(f"{rel}: a link in the zip, not followed; hand in the notebook itself")
+                continue
+            yield str(rel), (lambda info=info: _read_entry(archive, info))
 
 
 def collect_one(entry: Path, expected: list[str], destination: Path, optional: tuple[str, ...] = ()) -> Collected:
@@ -74,14 +125,16 @@ def collect_one(entry: Path, expected: list[str], destination: Path, optional: t
     """
     student = entry.stem if entry.suffix.lower() == ".zip" else entry.name
     result = Collected(student, entry.name)
-    if not STUDENT_ID.match(student):
-        result.problems.append(f"{entry.name}: {student!r} is not a usable student id (letters, "
-                               "digits and _ . @ + - only): rename the folder or zip to the student's id.")
+    try:
+        course.check_student_id(student)
+    except course.CourseError as err:
+        result.problems.append(f"{entry.name}: {err} Rename the folder or zip to the student's id.")
         return result
     by_canonical = {canonical(name): name for name in expected}
     found: dict[str, tuple[str, bytes]] = {}
+    skipped: list[str] = []
     try:
-        for rel, read in _notebook_files(entry):
+        for rel, read in _notebook_files(entry, skipped):
             name = PurePosixPath(rel).name
             target = name[:-len(".ipynb")] if name in {f"{e}.ipynb" for e in expected} \
                 else by_canonical.get(canonical(name))
@@ -96,11 +149,17 @@ def collect_one(entry: Path, expected: list[str], destination: Path, optional: t
                 result.problems.append(f"{rel}: a second copy of {target}.ipynb (kept "
                                        f"{found[target][0]}); submit one copy of each notebook.")
                 continue
-            found[target] = (rel, read())
-    except zipfile.BadZipFile as err:
+            try:
+                found[target] = (rel, read())
+            except (TooLarge, OSError) as err:
+                result.problems.append(f"{rel}: not collected ({err}); {target}.ipynb scores 0 unless "
+                                       "it is resubmitted.")
+    except (zipfile.BadZipFile, TooLarge, OSError, EOFError, NotImplementedError) as err:
         result.problems.append(f"{entry.name}: not a readable zip file ({err}); ask {student} to "
                                "submit again (a zip of the notebooks), or unpack it into a folder.")
         return result
+    finally:
+        result.not_graded += skipped
     folder = destination / student / "lab_tmp"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -140,11 +199,21 @@ def collect(inbox: Path, course_root: Path = course.COURSE_ROOT) -> list[Collect
     for entry in sorted(inbox.iterdir()):
         if entry.name.startswith("."):
             continue
+        if entry.is_symlink():
+            out.append(Collected(entry.stem, entry.name, problems=[
+                f"{entry.name}: a link, not followed: put the student's folder or zip itself in the inbox."]))
+            continue
         if not (entry.is_dir() or entry.suffix.lower() == ".zip"):
             out.append(Collected(entry.stem, entry.name, problems=[
                 f"{entry.name}: neither a student folder nor a zip file; it was skipped."]))
             continue
-        result = collect_one(entry, expected, submitted, optional)
+        try:
+            result = collect_one(entry, expected, submitted, optional)
+        except (Exception, MemoryError) as err:  # one student's inbox entry never stops the others
+            out.append(Collected(entry.stem, entry.name, problems=[
+                f"{entry.name}: could not be collected ({type(err).__name__}: {str(err)[:200]}); "
+                "ask the student to submit again."]))
+            continue
         staged = submitted / result.student / "lab_tmp"
         if staged.is_dir():  # swap in the new submission only once it was read
             final = submitted / result.student / assignment

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +26,22 @@ SETUP_GRADE_ID = "setup"  # nbgrader grade_id of every master's first code cell
 
 class CourseError(RuntimeError):
     """A course command cannot go on; the message says what to fix or run."""
+
+
+STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
+
+
+def check_student_id(student: str) -> str:
+    """``student``, checked to be a usable student id; else CourseError saying what is allowed.
+
+    An id is a folder name in every course folder (submitted/, autograded/, results/, feedback/,
+    sandbox/students/): letters, digits and ``_ . @ + -``, starting with a letter or digit, at most
+    64 characters, so no id is a path, a hidden file or ``..``, nor names a folder of the grader's
+    own (each command keeps the students' folders apart from its own)."""
+    if not isinstance(student, str) or not STUDENT_ID.match(student):
+        raise CourseError(f"{student!r} is not a usable student id: use letters, digits and _ . @ + - "
+                          "only, starting with a letter or digit, at most 64 characters.")
+    return student
 
 
 def calibration_file(course_root: Path) -> Path:

@@ -28,8 +28,10 @@ Outputs in the course root: ``grades.csv`` (nbgrader's export, one row per stude
 ``grades_by_check.csv`` (one row per student and graded cell), ``grading_summary.csv`` (one row
 per student and notebook: status, score, seconds, edited cells, cells the kernel scored otherwise
 than the grader, gradebook repairs), ``results/<student>/`` (the grader's measurements),
-``sandbox/<student>/`` (what the kernel wrote) and ``reports/<student>.html`` (the report the
-student's 06 exported).
+and ``reports/<student>.html`` (the report the student's 06 exported), both copied out of the
+submission's folders through :mod:`.boundary` (root follows no link a sandbox left). The
+submission's own folders, ``sandbox/students/<student>/`` (a size-limited tmpfs where it can be
+mounted), are removed once it is graded.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import sys
 import time
 import traceback
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import nbformat
@@ -49,7 +51,7 @@ import pandas as pd
 
 from nbgrader.preprocessors import Execute
 
-from . import course, release, sandbox, verdicts
+from . import boundary, course, release, sandbox, verdicts
 
 
 # nbgrader's gradebook warns on every submission with SQLAlchemy 2 (nbgrader/api.py); harmless,
@@ -221,15 +223,23 @@ class BoundedExecute(Execute):
 
 @dataclass
 class Batch:
-    """What every submission of one grading batch shares: sandbox, verdict settings, budgets."""
+    """What every submission of one grading batch shares: sandbox, verdict settings, budgets.
+
+    On disk, in the course root's ``sandbox/``: ``batch/`` holds the batch's own read-only files
+    (the copy of labsupport the sandboxes import, the thresholds and calibration), and
+    ``students/<student>/`` each submission's folders, so no student id can name the batch's.
+    """
 
     course_root: Path
     timeout_s: int  # per cell
-    notebook_budget_s: float  # wall clock of one notebook's kernel
+    notebook_budget_s: float  # wall clock of one notebook's kernel, and of its verdict process
+    submission_budget_s: float  # wall clock of all of one submission's kernels and verdicts
     box: str | None  # why there is no sandbox (None: there is one)
     lib: Path  # the read-only copy of labsupport the sandboxes import
     settings: dict[str, str]  # the verdict spec's profile, thresholds, calibration, data
     cells: dict[str, dict[str, list[str]]]  # {notebook: {test cell: [check ids]}}
+    memory: str | None = None  # why the sandboxes have no memory limit (None: they have one)
+    disk: str | None = None  # why a submission's disk is counted by the watchdog, not a filesystem
 
     @classmethod
     def prepare(cls, course_root: Path, timeout_s: int) -> "Batch":
@@ -241,11 +251,12 @@ class Batch:
         course_root = Path(course_root).resolve()
         dataset.ensure(progress=False)  # read-only in the sandboxes: it must be there before they start
         work = course_root / "sandbox"
+        sandbox.unmount_below(work)  # what a grader that crashed left mounted
         shutil.rmtree(work, ignore_errors=True)
-        lib = work / "lib"
+        lib = work / "batch" / "lib"
         shutil.copytree(Path(labsupport.__file__).parent, lib / "labsupport",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        spec = work / "spec"
+        spec = work / "batch" / "spec"
         spec.mkdir(parents=True)
         thresholds = spec / "thresholds.toml"
         shutil.copyfile(grading.thresholds_path(), thresholds)
@@ -257,21 +268,29 @@ class Batch:
         settings = {"profile": os.environ.get("LAB_PROFILE", ""), "thresholds": str(thresholds),
                     "calibration": str(spec / "calibration.toml") if calibration.is_file() else None,
                     "data": str(data_root().resolve())}
-        return cls(course_root, timeout_s, NOTEBOOK_BUDGET_CELLS * timeout_s, sandbox.problem(), lib,
-                   settings, verdicts.checks_by_cell(course_root))
+        box = sandbox.problem()
+        memory = box or sandbox.memory_cgroup()[1]
+        return cls(course_root, timeout_s, NOTEBOOK_BUDGET_CELLS * timeout_s, SUBMISSION_BUDGET_CELLS * timeout_s,
+                   box, lib, settings, verdicts.checks_by_cell(course_root), memory=memory)
 
 
 # A notebook's kernel may run for this many cell time limits in all (the pre_run_cell hook that
 # sleeps just under the cell limit in every cell ends there); its verdict process for as many.
 NOTEBOOK_BUDGET_CELLS = 4
+# All of one submission's kernels and verdict processes together: on class cpu (900 s cells) 90
+# minutes, on a GPU 60, where the reference takes about a tenth of that.
+SUBMISSION_BUDGET_CELLS = 6
+# A submission's tmpfs: its disk quota (the watchdog stops it there) and room to be stopped in.
+DISK_HEADROOM = 1.25
 
 
 def _kernel_spec(folder: Path, box: sandbox.Sandbox, log: Path) -> None:
     """A kernel spec ``lab-sandbox`` in ``folder`` (put on JUPYTER_PATH) that starts IPython in ``box``.
 
-    nbgrader writes the connection file (mode 600, root's) into the bound run folder; the sandbox
-    copies it to its own /tmp for the kernel, which runs as nobody. The kernel process's own
-    output (its banner, C++ libraries' logging) goes to ``log``, not the grader's terminal.
+    nbgrader writes the connection file (mode 600, root's) into the run folder, made fresh for
+    each notebook; the sandbox copies it to its own /tmp for the kernel, which runs as nobody. The
+    kernel process's own output (its banner, C++ libraries' logging) goes to ``log``, not the
+    grader's terminal.
     """
     argv = box.command([sys.executable, "-m", "ipykernel_launcher", "-f", "/tmp/kernel.json"],
                        before="cp '{connection_file}' /tmp/kernel.json && chmod 0644 /tmp/kernel.json",
@@ -285,59 +304,127 @@ def _kernel_spec(folder: Path, box: sandbox.Sandbox, log: Path) -> None:
                                                   "language": "python", "interrupt_mode": "message"}))
 
 
+@dataclass
+class Folders:
+    """One submission's folders, all in ``work`` (root's: no sandboxed process can rename or
+    replace anything in it, only write inside the folders below that it was given)."""
+
+    work: Path
+
+    def __getattr__(self, name):
+        kinds = {"results": "the kernel's results store", "run": "the kernel's Jupyter runtime folder",
+                 "cwd": "the kernel's working folder", "report": "the HTML the kernel's 06 exports",
+                 "inductor": "torch.compile's cache (kernels and verdict processes)",
+                 "store": "the grader's results store (verdict processes)", "outbox": "verdicts",
+                 "inputs": "what root hands a verdict process (root's, read-only)",
+                 "jupyter": "the kernel spec (root's)"}
+        if name not in kinds:
+            raise AttributeError(name)
+        return self.work / name
+
+    def fresh(self, *names: str, owned: bool = True) -> None:
+        """Make ``names`` empty again: removed (without following links) and made anew, given to
+        the sandbox user where ``owned``. Safe at any time, since ``work`` is root's."""
+        for name in names:
+            path = getattr(self, name)
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+            if owned:
+                sandbox.own(path)
+
+
 def grade_student(course_root: Path, student: str, *, timeout_s: int,
                   batch: Batch | None = None) -> list[NotebookGrade]:
     """Autograde one student's notebooks in lab order, record the grader's verdicts, generate feedback.
 
     For each notebook: nbgrader runs it (in the submission's sandbox where there is one), then
     the verdict process re-runs its checks outside the kernel, and the gradebook records the
-    verdicts. The gradebook is checked afterwards (:func:`verdicts.restore`).
+    verdicts. The gradebook is checked afterwards (:func:`verdicts.restore`). The kernels and
+    verdict processes of one submission share one wall clock (``batch.submission_budget_s``), one
+    disk (a tmpfs of STORE_BYTES, or the watchdog) and one memory limit (the grader's cgroup).
+    What the grader keeps (the results store, the exported report) is copied out through
+    :mod:`.boundary` at the end, and the submission's folders are removed.
     """
     from nbgrader.api import Gradebook
     from nbgrader.converters import Autograde, GenerateFeedback
 
     course_root = Path(course_root).resolve()
     batch = batch or Batch.prepare(course_root, timeout_s)
+    course.check_student_id(student)
     assignment = course.assignment_id(course_root)
     folder = course_root / "submitted" / student / assignment
     names = lab_order(p.stem for p in course.graded_masters(course_root))
-    store = course_root / "results" / student  # the grader's measurements: what 06 and the reports read
-    work = batch.course_root / "sandbox" / student  # the kernel's side
-    for path in (store, work):
+    kept = course_root / "results" / student  # the grader's measurements, copied out at the end
+    dirs = Folders(batch.course_root / "sandbox" / "students" / student)
+    sandbox.unmount_below(dirs.work)
+    for path in (kept, dirs.work):
         shutil.rmtree(path, ignore_errors=True)
-    kernel_results, run_dir, cwd, spec_dir, report_dir, compiled = (
-        work / n for n in ("results", "run", "cwd", "verdict", "report", "inductor"))
-    kernel_report = report_dir / "report.html"
-    for path in (kernel_results, run_dir, spec_dir, store, report_dir, compiled):
-        path.mkdir(parents=True)
-    shutil.copytree(folder, cwd)  # the kernel's working folder: the submission as handed in
+    deadline = time.monotonic() + batch.submission_budget_s
+    try:
+        grades, before = _grade_in(course_root, student, batch, dirs, folder, names, deadline, Autograde)
+        with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
+            repaired = verdicts.restore(gb, assignment, student, before)
+        feedback = _run(_app(GenerateFeedback, course_root, CourseDirectory__student_id=student))
+        if not feedback["success"]:
+            print(f"{student}: generate_feedback failed: {_last_error_line(feedback)}")
+        try:
+            (course_root / "reports").mkdir(exist_ok=True)
+            boundary.copy_file(dirs.report, "report.html", course_root / "reports" / f"{student}.html")
+        except OSError:
+            pass  # no report exported (06 did not run, or wrote something else): the summary says so
+        if dirs.store.is_dir():
+            skipped = boundary.copy_tree(dirs.store, kept)
+            if skipped and grades:
+                grades[0].errors.append(f"results not kept: {'; '.join(skipped[:5])}")
+    finally:
+        sandbox.unmount_below(dirs.work)
+        shutil.rmtree(dirs.work, ignore_errors=True)
+    scores = _notebook_scores(course_root, student)
+    for g in grades:
+        g.score, g.max_score, g.needs_manual = scores.get(g.notebook, (0.0, g.max_score, False))
+        g.repaired = [r for r in repaired if g.notebook in r]
+    if grades:  # a repair that names none of this student's notebooks goes on the first row
+        grades[0].repaired += [r for r in repaired if not any(g.notebook in r for g in grades)]
+    return grades
+
+
+def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, folder: Path,
+              names: list[str], deadline: float, Autograde) -> tuple[list[NotebookGrade], dict]:
+    """Run and judge each notebook of ``student`` in ``dirs``; returns the NotebookGrades and the
+    gradebook's snapshot from before (for :func:`verdicts.restore`)."""
+    from nbgrader.api import Gradebook
+
+    assignment = course.assignment_id(course_root)
+    sandboxed = batch.box is None
+    dirs.work.mkdir(parents=True)
+    if sandboxed and batch.disk is None:
+        why = sandbox.mount_disk(dirs.work, int(sandbox.STORE_BYTES * DISK_HEADROOM))
+        if why:  # said once for the batch: the watchdog counts files instead
+            batch.disk = f"no size-limited filesystem per submission ({why})"
+            print(f"note: {batch.disk}; the watchdog counts each submission's files instead")
+    disk = dirs.work if sandboxed and batch.disk is None else None
+    dirs.fresh("results", "report", "inductor", "store", "outbox", owned=sandboxed)
+    shutil.copytree(folder, dirs.cwd)  # the kernel's working folder: the submission as handed in
+    if sandboxed:
+        sandbox.own(dirs.cwd)
+    kernel_report = dirs.report / "report.html"
     autograded = course_root / "autograded" / student / assignment
-    env = {"LAB_RESULTS": str(kernel_results), "LAB_REPORT": str(kernel_report),
+    env = {"LAB_RESULTS": str(dirs.results), "LAB_REPORT": str(kernel_report),
            # the batch's copy, which the sandbox can read (the course root is not in it)
            "LAB_CALIBRATION": batch.settings["calibration"] or os.devnull,
-           "JUPYTER_RUNTIME_DIR": str(run_dir), "JUPYTER_PATH": str(work / "jupyter"),
+           "JUPYTER_RUNTIME_DIR": str(dirs.run), "JUPYTER_PATH": str(dirs.jupyter),
            # One Inductor cache per submission, shared by its kernels and verdict processes (never
            # between submissions): the verdict re-uses what the kernel compiled for the same code.
-           "TORCHINDUCTOR_CACHE_DIR": str(compiled)}
-    # "immediate": the kernel is killed once its last cell has replied, not asked to run its exit
-    # hooks (about 2 s of tearing torch down, per notebook). What it wrote, it wrote in its cells.
-    settings = dict(Execute__timeout=timeout_s, Execute__shutdown_kernel="immediate")
-    box = None
-    if batch.box is None:
-        sandbox.own(kernel_results, run_dir, cwd, store, spec_dir, report_dir, compiled)
-        readable = (batch.lib, Path(batch.settings["data"]), Path(batch.settings["thresholds"]).parent)
-        box = sandbox.Sandbox(writable=(kernel_results, run_dir, report_dir, compiled), readable=readable,
-                              env={"PYTHONPATH": str(batch.lib), "TORCHINDUCTOR_CACHE_DIR": str(compiled)},
-                              budget_s=batch.notebook_budget_s,
-                              mounts=((cwd, autograded),))
-        _kernel_spec(work / "jupyter", box, run_dir / "kernel.log")
-        settings.update(Execute__kernel_name="lab-sandbox", KernelManager__transport="ipc",
-                        KernelManager__ip=str(run_dir / "kernel"),
-                        KernelManager__connection_file=str(run_dir / "connection.json"))
-    verdict_box = None if box is None else sandbox.Sandbox(
-        writable=(store, spec_dir, compiled), readable=(batch.lib, Path(batch.settings["data"]),
-                                                        Path(batch.settings["thresholds"]).parent, kernel_report),
-        budget_s=batch.notebook_budget_s)
+           "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)}
+    readable = (batch.lib, Path(batch.settings["data"]), Path(batch.settings["thresholds"]).parent)
+    box = verdict_box = None
+    if sandboxed:
+        box = sandbox.Sandbox(writable=(dirs.results, dirs.run, dirs.report, dirs.inductor), readable=readable,
+                              env={"PYTHONPATH": str(batch.lib), "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)},
+                              mounts=((dirs.cwd, autograded),))
+        verdict_box = sandbox.Sandbox(writable=(dirs.store, dirs.outbox, dirs.inductor),
+                                      readable=readable + (dirs.report, dirs.inputs))
+    written = (dirs.results, dirs.cwd, dirs.report, dirs.inductor, dirs.run)  # where the kernel writes
     grades = []
     with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
         before = verdicts.snapshot(gb, assignment)
@@ -347,19 +434,36 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
             if not path.exists():
                 grades.append(NotebookGrade(student, name, "missing", 0.0, 0.0))
                 continue
+            left = deadline - time.monotonic()
+            if left < 1:
+                grades.append(NotebookGrade(student, name, "out of time", 0.0, 0.0, errors=[
+                    f"not run: the submission used its {batch.submission_budget_s:.0f} s of grading "
+                    "(all notebooks and verdicts together)"]))
+                continue
             try:
                 edited = edited_cells(path, name, course_root)
             except Exception as err:  # an unreadable notebook: autograde reports it below
                 edited = [f"(could not compare: {type(err).__name__}: {err})"]
+            # "immediate": the kernel is killed once its last cell has replied, not asked to run its
+            # exit hooks (about 2 s of tearing torch down, per notebook).
+            settings = dict(Execute__timeout=max(1, int(min(batch.timeout_s, left))),
+                            Execute__shutdown_kernel="immediate")
+            dirs.fresh("run", owned=sandboxed)  # what the last kernel left there is gone
+            if box is not None:
+                _kernel_spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
+                             dirs.run / "kernel.log")
+                settings.update(Execute__kernel_name="lab-sandbox", KernelManager__transport="ipc",
+                                KernelManager__ip=str(dirs.run / "kernel"),
+                                KernelManager__connection_file=str(dirs.run / "connection.json"))
             app = _app(Autograde, course_root, CourseDirectory__student_id=student,
                        CourseDirectory__notebook_id=name, Autograde__create_student=True, **settings)
             app.autograde_preprocessors = [BoundedExecute if pp is Execute else pp
                                            for pp in app.autograde_preprocessors]
             started, since = time.perf_counter(), time.time()
-            written = (kernel_results, cwd, report_dir, compiled)  # where the kernel writes to disk
-            with sandbox.watchdog(written, enabled=box is not None) as dog:
+            kills = sandbox.memory_kills()
+            with sandbox.watchdog(written, enabled=sandboxed, disk=disk) as dog:
                 outcome = _run(app)
-            if box is not None:
+            if sandboxed:
                 sandbox.kill_all()  # nothing the notebook started outlives it
             seconds = time.perf_counter() - started
             errors, timed_out = _cell_errors(autograded / f"{name}.ipynb")
@@ -368,19 +472,22 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
                 errors.append(_last_error_line(outcome))
             else:
                 status = "timed out" if timed_out else "graded"
-            if dog.tripped or sandbox.folder_bytes(*written) > sandbox.STORE_BYTES:
+            if sandbox.memory_kills() > kills:
+                errors.append(f"the notebook used more than {sandbox.memory_bytes() / 2**30:.1f} GiB of memory: "
+                              "the sandbox's limit stopped it")
+            if dog.tripped or (sandboxed and sandbox.disk_used(written, disk) > sandbox.STORE_BYTES):
                 errors.append(f"the notebook wrote more than {sandbox.STORE_BYTES / 2**20:.0f} MiB to disk: "
                               "it was stopped, and what it wrote was deleted")
-                for extra in written:
-                    shutil.rmtree(extra, ignore_errors=True)
-                    extra.mkdir()
-                    if box is not None:
-                        sandbox.own(extra)
-            number = name[:2]
-            found = verdicts.run(number, kernel_results=kernel_results, store=store, spec_dir=spec_dir,
-                                 report=kernel_report, since=since, settings=batch.settings, box=verdict_box,
-                                 pythonpath=batch.lib, timeout_s=batch.notebook_budget_s,
-                                 env={"TORCHINDUCTOR_CACHE_DIR": str(compiled)})
+                dirs.fresh("results", "cwd", "report", "inductor", owned=sandboxed)
+            left = deadline - time.monotonic()
+            if left < 1:
+                found = {"error": "no time was left for the verdict process: the submission used its "
+                                  f"{batch.submission_budget_s:.0f} s of grading"}
+            else:
+                found = verdicts.run(name[:2], dirs=dirs, since=since, settings=batch.settings,
+                                     box=verdict_box,
+                                     pythonpath=batch.lib, timeout_s=min(batch.notebook_budget_s, left),
+                                     env={"TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)})
             if "error" in found:
                 errors.append(f"verdicts: {found['error']}")
             passed = verdicts.cell_scores(found, batch.cells.get(name, {}))
@@ -388,21 +495,7 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
                 disagreed = verdicts.record(gb, assignment, student, name, passed)
             grades.append(NotebookGrade(student, name, status, 0.0, 0.0, seconds, edited, errors,
                                         verdict_s=float(found.get("seconds", 0.0)), kernel_disagreed=disagreed))
-        with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
-            repaired = verdicts.restore(gb, assignment, student, before)
-        feedback = _run(_app(GenerateFeedback, course_root, CourseDirectory__student_id=student))
-        if not feedback["success"]:
-            print(f"{student}: generate_feedback failed: {_last_error_line(feedback)}")
-    if kernel_report.is_file() and not kernel_report.is_symlink():
-        (course_root / "reports").mkdir(exist_ok=True)
-        shutil.copyfile(kernel_report, course_root / "reports" / f"{student}.html")
-    scores = _notebook_scores(course_root, student)
-    for g in grades:
-        g.score, g.max_score, g.needs_manual = scores.get(g.notebook, (0.0, g.max_score, False))
-        g.repaired = [r for r in repaired if g.notebook in r]
-    if grades:  # a repair that names none of this student's notebooks goes on the first row
-        grades[0].repaired += [r for r in repaired if not any(g.notebook in r for g in grades)]
-    return grades
+    return grades, before
 
 
 def _last_error_line(outcome: dict) -> str:
@@ -449,13 +542,15 @@ def export(course_root: Path, grades: list[NotebookGrade]) -> dict[str, Path]:
 
 
 def grade(course_root: Path = course.COURSE_ROOT, students: list[str] | None = None, *,
-          timeout_s: int | None = None, budget_s: float | None = None, sandboxed: bool = True,
+          timeout_s: int | None = None, budget_s: float | None = None,
+          submission_budget_s: float | None = None, sandboxed: bool = True,
           progress: bool = True) -> list[NotebookGrade]:
     """Autograde, generate feedback and export grades for ``students`` (default: all collected).
 
     The gradebook must know the release: run ``python -m autograder release`` first (grade does
     it when the gradebook is missing). ``timeout_s`` is the per-cell limit (default: the device
-    class's), ``budget_s`` a notebook's wall clock (default: NOTEBOOK_BUDGET_CELLS cell limits);
+    class's), ``budget_s`` a notebook's wall clock (default: NOTEBOOK_BUDGET_CELLS cell limits),
+    ``submission_budget_s`` all of a submission's (default: SUBMISSION_BUDGET_CELLS cell limits);
     ``sandboxed=False`` grades without the sandbox (debugging the grader only).
     Returns one NotebookGrade per student and notebook.
     """
@@ -470,13 +565,19 @@ def grade(course_root: Path = course.COURSE_ROOT, students: list[str] | None = N
     batch = Batch.prepare(course_root, timeout_s)
     if budget_s:
         batch.notebook_budget_s = budget_s
+    if submission_budget_s:
+        batch.submission_budget_s = submission_budget_s
     if not sandboxed:
-        batch.box = "--no-sandbox was given"
+        batch.box = batch.memory = "--no-sandbox was given"
     print(f"grading {len(students)} submission(s) on {machine.device_name} ({machine.device_class}), "
           f"{timeout_s} s per cell at most, {batch.notebook_budget_s:.0f} s per notebook, "
+          f"{batch.submission_budget_s:.0f} s per submission, "
           + ("each in its own sandbox (bubblewrap)" if batch.box is None else
              f"WITHOUT a sandbox: {batch.box}. Students' code then runs with the grader's rights: "
              "grade as root with bubblewrap installed (apt-get install bubblewrap)"))
+    if batch.box is None:
+        print(f"memory: {sandbox.memory_bytes() / 2**30:.1f} GiB per sandbox" if batch.memory is None else
+              f"note: NO memory limit per sandbox ({batch.memory}); only the address-space limit applies")
     grades = []
     bar = tqdm(students, desc="grading", unit="student", disable=not progress)
     try:
@@ -499,6 +600,8 @@ def students_to_grade(course_root: Path, students: list[str] | None = None) -> l
     the gradebook holds the release, which autograde checks notebooks against."""
     course_root = Path(course_root).resolve()
     students = students if students is not None else submitted_students(course_root)
+    for student in students:
+        course.check_student_id(student)
     if not students:
         raise course.CourseError(f"No submissions in {course_root / 'submitted'}: run "
                                  "`python -m autograder collect <folder>` first.")

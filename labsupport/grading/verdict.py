@@ -8,14 +8,15 @@ What the student's kernel printed, stored or scored is not read: this process
    kernel's environment variables are not inherited);
 2. imports labsupport, which binds its clocks now, before any student code runs;
 3. loads the notebook's graded functions as the kernel's checks carried them forward
-   (``code/<NN>.py``, copied into the grader's store by the grader), and nothing else of the kernel;
+   (``code/<NN>.py``, which the grader took from the kernel into the read-only ``inputs`` folder
+   and this process copies into the grader's store), and nothing else of the kernel;
 4. runs the notebook's checks, and measures its rung of 06's ladder into the grader's store
    (:mod:`.rungs`), which 06's checks read;
 5. writes the verdicts as JSON to the spec's ``out``.
 
 The spec (JSON): ``notebook``, ``profile``, ``thresholds``, ``calibration`` (a path or null),
 ``store`` (the grader's results store), ``report`` (the HTML the kernel exported), ``data``,
-``since`` (when the kernel started: files it wrote must be newer), ``out``.
+``since`` (when the kernel started: files it wrote must be newer), ``out``, ``inputs``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from labsupport.grading import rungs
 
     number = spec["notebook"]
+    _take_inputs(spec)
     lab = grading.grading_lab()
     hardware.quiet_library_logs(lab.device)  # 01's checks profile: no kineto lines in what a failure quotes
     out = {"notebook": number, "checks": {}, "rung": None, "problems": []}
@@ -61,6 +63,22 @@ def main(argv: list[str] | None = None) -> int:
     out["seconds"] = round(time.perf_counter() - started, 2)
     Path(spec["out"]).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def _take_inputs(spec: dict) -> None:
+    """Copy what the grader took from the kernel (``inputs``: the carried code, 01's trace, in a
+    folder this process may only read) into the grader's store, where the checks look. Copied
+    here, by this process, so the grader never writes into a folder a sandboxed process wrote."""
+    import shutil
+
+    if not spec.get("inputs"):
+        return
+    inputs, store = Path(spec["inputs"]), Path(spec["store"])
+    for sub in ("code", "traces"):
+        for path in sorted((inputs / sub).glob("*")):
+            (store / sub).mkdir(parents=True, exist_ok=True)
+            (store / sub / path.name).unlink(missing_ok=True)
+            shutil.copy2(path, store / sub / path.name)  # keeps when the kernel wrote it
 
 
 if __name__ == "__main__":

@@ -1,0 +1,203 @@
+"""The trust boundary between root and what a sandbox wrote (autograder/boundary.py), the limits of
+a submission (memory, disk) and collect's inbox, one class of attack at a time, in seconds.
+
+The whole of it, on a hostile submission in a graded batch, is test_instructor.py's ``lib``
+scenario. The sandboxed ones need root and bubblewrap (``make test`` installs it) and skip
+visibly without them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+
+import pytest
+
+from autograder import boundary, collect, course, sandbox
+
+needs_sandbox = pytest.mark.skipif(sandbox.problem() is not None,
+                                   reason=f"no grading sandbox here: {sandbox.problem()}")
+
+
+# --- what root reads ----------------------------------------------------------------------------
+
+@pytest.fixture
+def written(tmp_path):
+    """A folder as a sandbox leaves it: a file, a link to a secret, a FIFO, a big file, a link
+    to a folder."""
+    folder, secret = tmp_path / "w", tmp_path / "secret.txt"
+    (folder / "sub").mkdir(parents=True)
+    secret.write_text("root's")
+    (folder / "ok.json").write_text('{"a": 1}')
+    (folder / "sub" / "inner.txt").write_text("inner")
+    (folder / "link.json").symlink_to(secret)
+    (folder / "linked-folder").symlink_to(tmp_path)
+    os.mkfifo(folder / "fifo.json")
+    with open(folder / "big.bin", "wb") as f:
+        f.truncate(3 * 2**20)
+    return folder, secret
+
+
+def test_read_takes_regular_files_only_and_never_waits(written):
+    folder, _ = written
+    assert boundary.read(folder, "ok.json") == b'{"a": 1}'
+    assert boundary.read(folder, "sub/inner.txt") == b"inner"
+    for name, why in (("link.json", "not a regular file"), ("fifo.json", "not a regular file"),
+                      ("linked-folder/secret.txt", "not a folder"), ("../secret.txt", "plain relative")):
+        started = time.monotonic()
+        with pytest.raises(boundary.Refused, match=why):
+            boundary.read(folder, name)
+        assert time.monotonic() - started < 1, name  # the FIFO did not block
+    with pytest.raises(boundary.Refused, match="larger than"):
+        boundary.read(folder, "big.bin", cap=2**20)
+    with pytest.raises(FileNotFoundError):
+        boundary.read(folder, "none.json")
+
+
+def test_copy_tree_copies_files_and_skips_the_rest_with_a_note(written, tmp_path):
+    folder, secret = written
+    dest = tmp_path / "kept"
+    skipped = boundary.copy_tree(folder, dest, file_cap=2**20)
+    assert (dest / "ok.json").read_text() == '{"a": 1}' and (dest / "sub" / "inner.txt").read_text() == "inner"
+    assert not (dest / "link.json").exists() and not (dest / "fifo.json").exists()
+    assert not (dest / "big.bin").exists() and not (dest / "linked-folder").exists()
+    assert {s.split(":")[0] for s in skipped} >= {"link.json", "fifo.json", "big.bin"}
+    assert secret.read_text() == "root's"
+
+
+def test_write_never_follows_a_link(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root's")
+    (tmp_path / "dest.txt").symlink_to(secret)
+    boundary.write(tmp_path / "dest.txt", b"new")
+    assert secret.read_text() == "root's" and (tmp_path / "dest.txt").read_bytes() == b"new"
+    assert not (tmp_path / "dest.txt").is_symlink()
+
+
+def test_run_keeps_a_bounded_piece_of_a_flood_and_stops_at_its_time():
+    flood = "import sys\nfor _ in range(300): print('x' * 2**20)\nprint('end')"
+    done = boundary.run([sys.executable, "-c", flood], env=dict(os.environ), timeout_s=60, cap=2**16)
+    assert done.returncode == 0 and len(done.output) < 2**16 + 200
+    assert done.dropped > 250 * 2**20 and done.last_line() == "end"
+    started = time.monotonic()
+    slow = boundary.run([sys.executable, "-c", "import time; time.sleep(60)"], env=dict(os.environ), timeout_s=2)
+    assert slow.timed_out and time.monotonic() - started < 10
+
+
+# --- what a sandbox may use -------------------------------------------------------------------
+
+@needs_sandbox
+def test_memory_is_limited_per_grader(monkeypatch, tmp_path):
+    procs, why = sandbox.memory_cgroup()
+    if procs is None:
+        pytest.skip(f"no memory cgroup on this machine: {why}")
+    sandbox.memory_cgroup.cache_clear()
+    monkeypatch.setattr(sandbox, "memory_bytes", lambda: 256 * 2**20)
+    try:
+        sandbox.memory_cgroup()
+        kills = sandbox.memory_kills()
+        box = sandbox.Sandbox(writable=(), readable=())
+        hog = "x = bytearray(1024 * 2**20); x[::4096] = b'y' * len(x[::4096]); print('survived')"
+        done = subprocess.run(box.command([sys.executable, "-c", hog]), capture_output=True, text=True, timeout=120)
+        assert "survived" not in done.stdout and done.returncode != 0, done
+        assert sandbox.memory_kills() > kills
+    finally:
+        monkeypatch.undo()
+        sandbox.memory_cgroup.cache_clear()
+        sandbox.memory_cgroup()  # the real limit again, for the graders after this test
+
+
+@needs_sandbox
+def test_disk_counts_unlinked_files_and_a_tmpfs_counts_everything(tmp_path):
+    folder = tmp_path / "store"
+    sandbox.own(folder)
+    box = sandbox.Sandbox(writable=(folder,), readable=())
+    hold = (f"import os, time\nf = open({str(folder / 'held.bin')!r}, 'wb')\nf.write(b'0' * 32 * 2**20)\n"
+            f"f.flush()\nos.unlink(f.name)\nprint('held', flush=True)\ntime.sleep(60)")
+    proc = subprocess.Popen(box.command([sys.executable, "-c", hold]), stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert sandbox.folder_bytes(folder) == 0
+        assert sandbox.disk_used((folder,)) >= 32 * 2**20
+    finally:
+        proc.kill()
+        proc.wait()
+        sandbox.kill_all()
+    disk = tmp_path / "disk"
+    why = sandbox.mount_disk(disk, 16 * 2**20)
+    if why:
+        pytest.skip(f"no tmpfs can be mounted here ({why}): the watchdog counts files instead")
+    try:
+        sandbox.own(disk / "w")
+        box = sandbox.Sandbox(writable=(disk / "w",), readable=())
+        fill = f"open({str(disk / 'w' / 'f')!r}, 'wb').write(b'0' * 32 * 2**20)"
+        done = subprocess.run(box.command([sys.executable, "-c", fill]), capture_output=True, text=True, timeout=60)
+        assert "No space left" in done.stderr
+        assert 15 * 2**20 < sandbox.disk_used((), disk) <= 16 * 2**20
+    finally:
+        sandbox.unmount_below(disk)
+    assert not sandbox.is_mount(disk)
+
+
+# --- collect ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def course_root(tmp_path):
+    import shutil
+
+    root = tmp_path / "course"
+    root.mkdir()
+    shutil.copyfile(course.COURSE_ROOT / course.CONFIG_NAME, root / course.CONFIG_NAME)
+    shutil.copytree(course.source_dir(), root / "source",
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    return root
+
+
+def test_collect_survives_any_inbox(course_root, tmp_path):
+    """Links are skipped with a note (to a master, to a system file, the entry itself), a zip
+    bomb and an over-long id cost their own student only, and the honest student is collected."""
+    inbox = tmp_path / "inbox"
+    masters = course.masters_dir(course_root)
+    honest = inbox / "honest" / "lab"
+    honest.mkdir(parents=True)
+    for path in course.graded_masters(course_root):
+        (honest / path.name).write_bytes(path.read_bytes())
+    linker = inbox / "linker"
+    linker.mkdir()
+    (linker / "02_data_loading.ipynb").symlink_to(masters / "02_data_loading.ipynb")
+    (linker / "03_amp.ipynb").symlink_to("/etc/passwd")
+    (linker / "lab").symlink_to(masters)
+    (inbox / "elsewhere").symlink_to(masters)
+    with zipfile.ZipFile(inbox / "bomb.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("lab/01_profile.ipynb", "w", force_zip64=True) as f:
+            for _ in range(collect.MAX_NOTEBOOK_BYTES // 2**20 + 8):
+                f.write(b" " * 2**20)
+    (inbox / ("x" * 80)).mkdir()
+    found = {c.student: c for c in collect.collect(inbox, course_root)}
+    assert found["honest"].ok and len(found["honest"].notebooks) == len(course.graded_masters(course_root))
+    linked = found["linker"]
+    assert linked.notebooks == [] and sum("link" in n for n in linked.not_graded) == 3, linked
+    assert "root:" not in repr(linked)
+    assert "a link, not followed" in found["elsewhere"].problems[0]
+    assert "01_profile" not in found["bomb"].notebooks and any("MiB" in p for p in found["bomb"].problems)
+    assert "not a usable student id" in found["x" * 80].problems[0]
+    assert not (course_root / "submitted" / "linker" / "lab" / "02_data_loading.ipynb").exists()
+
+
+@pytest.mark.parametrize("student", ["..", "../x", "a/b", ".hidden", "", "x" * 65, "-flag"])
+def test_student_ids_that_are_paths_are_refused(student):
+    with pytest.raises(course.CourseError, match="not a usable student id"):
+        course.check_student_id(student)
+
+
+def test_a_student_id_never_names_a_folder_of_the_batch(tmp_path):
+    from autograder import grade
+
+    for student in ("lib", "batch", "spec", "students"):
+        work = grade.Folders(tmp_path / "sandbox" / "students" / course.check_student_id(student)).work
+        assert (tmp_path / "sandbox" / "batch") not in (work, *work.parents)
+        assert work.parent == tmp_path / "sandbox" / "students"
