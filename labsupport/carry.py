@@ -16,6 +16,7 @@ import ast
 import dis
 import importlib
 import inspect
+import linecache
 import textwrap
 import types
 from pathlib import Path
@@ -67,6 +68,41 @@ def _defined_here(obj, namespace: dict) -> bool:
     return False
 
 
+def _source(obj) -> str:
+    """The source of a function or class defined in the notebook.
+
+    ``inspect.getsource`` finds a function's cell by its code's file name (IPython puts each cell
+    in ``linecache``), but looks a class up by its module, ``__main__``, which in a kernel has no
+    file: "could not get source code", for the helper class a student writes beside a graded
+    function. A class is found instead in the cell one of its methods was compiled in, else in
+    the latest cell that defines a class of its name (at its ``__firstlineno__`` where Python
+    records it, 3.13+), as the ``class`` statement there, decorators included.
+    """
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        if not inspect.isclass(obj):
+            raise
+    codes = [f.__code__ for v in vars(obj).values()
+             for f in (v, getattr(v, "__func__", None), getattr(v, "fget", None)) if inspect.isfunction(f)]
+    # Its methods' cells first; then every cell, latest first (a dataclass's generated methods
+    # have no cell), at the class's own first line where Python records it (3.13+).
+    files = [(c.co_filename, c.co_firstlineno) for c in codes]
+    files += [(f, getattr(obj, "__firstlineno__", None)) for f in reversed(list(linecache.cache))]
+    for filename, line in files:
+        lines = linecache.getlines(filename)
+        try:
+            tree = ast.parse("".join(lines))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == obj.__name__ \
+                    and (line is None or node.lineno <= line <= (node.end_lineno or node.lineno)):
+                start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+                return "".join(lines[start - 1:node.end_lineno])
+    raise OSError(f"the cell that defines class {obj.__name__} was not found")
+
+
 def _import_line(name: str, obj) -> str | None:
     """An import statement that binds ``name`` to ``obj`` again, or None if there is none."""
     if isinstance(obj, types.ModuleType):
@@ -106,13 +142,14 @@ def source_of(names, namespace: dict) -> tuple[str, list[str]]:
         obj = namespace[name]
         if _defined_here(obj, namespace):
             try:
-                source = textwrap.dedent(inspect.getsource(obj))
+                source = textwrap.dedent(_source(obj))
             except (OSError, TypeError) as err:
                 problems.append(f"{name}: its source cannot be read ({err})")
                 continue
             definitions[name] = source + ("" if obj.__name__ == name else f"\n{name} = {obj.__name__}\n")
             codes = [obj.__code__] if inspect.isfunction(obj) else \
-                [v.__code__ for v in vars(obj).values() if inspect.isfunction(v)]
+                [f.__code__ for v in vars(obj).values()
+                 for f in (v, getattr(v, "__func__", None), getattr(v, "fget", None)) if inspect.isfunction(f)]
             used = set().union(*(_global_names(c) for c in codes)) if codes else set()
             todo += sorted((used | _header_names(source)) - seen)
         elif (line := _import_line(name, obj)) is not None:

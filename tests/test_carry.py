@@ -75,3 +75,26 @@ def test_the_reference_loader_round_trips(store, tiny_data, tiny, monkeypatch):
     lab = Lab(torch.device("cpu"), describe_machine(torch.device("cpu")), tiny, seed=0)
     images, labels = next(iter(carry.load("02", lab=lab).make_fast_loader(lab, split="val", augment=False)))
     assert images.shape == (tiny.batch_size, 3, tiny.image_size, tiny.image_size)
+
+
+def test_a_helper_class_beside_the_graded_function_is_carried(tmp_path):
+    """Classes defined in notebook cells, as IPython runs them (inspect.getsource cannot read a
+    class whose module is __main__): a helper with a static method and a property, and a
+    dataclass whose generated methods have no cell, are carried with the function that uses them."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        for cell in ("from dataclasses import dataclass\nSCALE = 2\n\n@dataclass\nclass Cfg:\n    n: int = 3\n",
+                     "class Helper:\n    def __init__(self, n):\n        self.n = n\n\n    @staticmethod\n"
+                     "    def k():\n        return SCALE\n\n    @property\n    def twice(self):\n"
+                     "        return self.k() * self.n * Cfg().n\n",
+                     "def graded(x):\n    return Helper(x).twice\n"):
+            assert shell.run_cell(cell).success
+        source, problems = carry.source_of(["graded"], shell.user_ns)
+    finally:
+        InteractiveShell.clear_instance()
+    assert problems == [], problems
+    namespace = {"__name__": "carried"}
+    exec(compile(source, "carried", "exec"), namespace)
+    assert namespace["graded"](5) == 30
