@@ -31,6 +31,7 @@ from .hardware import Profile
 # same way whichever dataset is used, so results stay comparable.
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
+LUMA = (0.299, 0.587, 0.114)  # batch_augment's grey for contrast and saturation (ITU-R 601 weights)
 
 
 def naive_transform(image_size: int, augment: bool = True) -> transforms.Compose:
@@ -148,10 +149,26 @@ def decode_once(split: str = "train", *, size: int | None = None, root: Path | s
     return torch.cat(images), torch.cat(labels)
 
 
+_CHANNEL_CONSTANTS: dict[tuple[tuple[float, ...], torch.device], torch.Tensor] = {}
+
+
+def _per_channel(values: tuple[float, ...], device: torch.device | str) -> torch.Tensor:
+    """``values`` as a (1, 3, 1, 1) float32 tensor on ``device``, made once per device and reused.
+
+    Made per batch on a GPU, each is a copy from pageable host memory, which waits for the GPU to
+    finish the work queued before it: the CPU could never run ahead of the GPU (issue 35). Made
+    outside inference mode, so that a tensor first made under it is usable everywhere."""
+    key = (values, torch.device(device))
+    constant = _CHANNEL_CONSTANTS.get(key)
+    if constant is None:
+        with torch.inference_mode(False):
+            constant = _CHANNEL_CONSTANTS[key] = torch.tensor(values, device=device).view(1, 3, 1, 1)
+    return constant
+
+
 def normalize(images: torch.Tensor) -> torch.Tensor:
     """uint8 images to normalised float32, the same arithmetic as ToTensor + Normalize (Used by: 02-06)."""
-    mean = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=images.device).view(1, 3, 1, 1)
+    mean, std = _per_channel(MEAN, images.device), _per_channel(STD, images.device)
     return (images.float().div(255) - mean) / std
 
 
@@ -184,13 +201,12 @@ def batch_augment(images: torch.Tensor, size: int, generator: torch.Generator | 
     # ColorJitter(0.4, 0.4, 0.4): factors uniform in [0.6, 1.4], applied as torchvision does. In
     # place, because at this size every extra full-batch temporary costs as much as an op.
     brightness, contrast, saturation = (0.6 + 0.8 * rand(n, 1, 1, 1) for _ in range(3))
-    luma = torch.tensor([0.299, 0.587, 0.114], device=device).view(1, 3, 1, 1)
+    luma = _per_channel(LUMA, device)
     x.mul_(brightness).clamp_(0, 1)
     mean_gray = (x * luma).sum(dim=1, keepdim=True).mean(dim=(2, 3), keepdim=True)
     x.mul_(contrast).add_((1 - contrast) * mean_gray).clamp_(0, 1)
     gray = (x * luma).sum(dim=1, keepdim=True)
     x.mul_(saturation).add_((1 - saturation) * gray).clamp_(0, 1)
     # Normalize as one fused multiply-add: (x - mean) / std = x * (1 / std) - mean / std.
-    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
-    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+    std, mean = _per_channel(STD, device), _per_channel(MEAN, device)
     return torch.addcmul(-mean / std, x, 1 / std)
