@@ -11,7 +11,7 @@ from pathlib import Path
 c = get_config()  # noqa: F821 (traitlets defines get_config and __file__ when it loads this file)
 
 COURSE_ROOT = Path(__file__).resolve().parent  # autograder/: source/, release/, gradebook.db, ...
-ASSIGNMENT = "lab"  # the one assignment: the six notebooks, graded together, in order
+ASSIGNMENT = "lab"  # the one assignment: the seven graded notebooks, graded together, in order
 
 c.CourseDirectory.root = str(COURSE_ROOT)
 c.CourseDirectory.source_directory = "source"  # masters in source/lab/*.ipynb

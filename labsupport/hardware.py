@@ -4,7 +4,7 @@ Every result the lab records carries a :class:`Machine` description, and every n
 work with the :class:`Profile` of the machine's *device class*, so that a lesson shows on a
 laptop CPU, a Colab T4 and an A100 alike while each notebook stays inside its time budget.
 
-Device classes (see ``../shared/design.md``):
+Device classes:
 
 =================  ==========================================================================
 ``cuda-tensorcore``  NVIDIA GPU with compute capability 7.0 or newer (tensor cores: 16-bit AMP pays; bf16 from Ampere on)

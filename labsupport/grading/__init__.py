@@ -5,7 +5,7 @@ notebook's file); :mod:`.partners` holds the correctness partners they share. Th
 core: thresholds and calibration, verdicts (:func:`judge`), the private labsupport copy graded
 checks measure with (:func:`fresh`), and :func:`run`, which runs a notebook's checks.
 
-The grading contract (``../shared/design.md``) in code:
+The grading contract in code:
 
 - A check never reads a number the student typed, printed or saved: it calls the student's
   function and measures it, through a *fresh* copy of labsupport loaded from its source files
