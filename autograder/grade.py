@@ -270,6 +270,10 @@ class Batch:
                     "data": str(data_root().resolve())}
         box = sandbox.problem()
         memory = box or sandbox.memory_cgroup()[1]
+        gpu = None if box else sandbox.gpu_problem(sandbox.Sandbox(writable=(), readable=(lib, Path(settings["data"])),
+                                                                   env={"PYTHONPATH": str(lib)}))
+        if gpu:
+            raise course.CourseError(gpu)
         return cls(course_root, timeout_s, NOTEBOOK_BUDGET_CELLS * timeout_s, SUBMISSION_BUDGET_CELLS * timeout_s,
                    box, lib, settings, verdicts.checks_by_cell(course_root), memory=memory)
 

@@ -55,7 +55,10 @@ NOBODY = 65534  # the unprivileged user the sandboxed processes run as (the firs
 SPARE_USERS = range(65000, 65534)
 PR_SET_CHILD_SUBREAPER = 36  # prctl option (linux/prctl.h)
 USER_LOCKS = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
-MAX_PROCESSES = 512  # nobody's processes at once: DataLoader workers and compile workers fit
+# The sandbox user's processes and threads at once (the limit counts threads): OpenMP pools, up to
+# 32 Inductor compile workers and DataLoader workers each grow with the node's cores, so the
+# limit does too; a fork storm still stops there, its own user's only.
+MAX_PROCESSES = max(512, 64 * (os.cpu_count() or 1))
 MAX_FILE_BYTES = 2 * 2**30  # one file (the results store holds traces of a few MB)
 MAX_OPEN_FILES = 4096
 MAX_ADDRESS_SPACE = 32 * 2**30  # off CUDA only: CUDA reserves far more address space than it uses
@@ -160,16 +163,21 @@ class Sandbox:
                     args += ["--perms", "0755", "--dir", str(parent)]
             return args
 
-        mounts += ["--dev", "/dev", "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/dev/shm",
+        # /dev/shm carries DataLoader workers' batches (about 150 MiB each at a large GPU profile,
+        # times workers times prefetch): a quarter of the sandbox's memory, 2 GiB at least.
+        shm = max(TMP_BYTES, memory_bytes() // 4)
+        mounts += ["--dev", "/dev", "--perms", "1777", "--size", str(shm), "--tmpfs", "/dev/shm",
                    "--proc", "/proc", "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
         python = {Path(sys.base_prefix).resolve(), Path(sys.prefix)}
         for path in sorted(python) + [Path(p) for p in self.readable]:
             mounts += parents(path) + ["--ro-bind-try", str(path), str(path)]
         for source, path in [(p, p) for p in self.writable] + list(self.mounts):
             mounts += parents(Path(path)) + ["--bind", str(source), str(path)]
-        if _cuda_present():  # the GPU's device files, and the driver's view of the hardware
+        if _cuda_present():  # the GPU's device files, the driver's view of the hardware, its libraries
             mounts += [a for dev in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(dev), str(dev))]
             mounts += ["--ro-bind", "/sys", "/sys"]
+            for folder in driver_folders():
+                mounts += parents(folder) + ["--ro-bind-try", str(folder), str(folder)]
         uid = user()
         # USER and LOGNAME: a spare id has no passwd entry, and getpass.getuser() would fail.
         env = {"HOME": "/tmp/home", "TMPDIR": "/tmp", "USER": "nobody" if uid == NOBODY else f"lab-sandbox-{uid}",
@@ -196,6 +204,59 @@ class Sandbox:
 @functools.cache
 def _cuda_present() -> bool:
     return any(Path(p).exists() for p in ("/dev/nvidia0", "/dev/nvidiactl"))
+
+
+DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so")
+
+
+def driver_folders(maps: str | None = None) -> list[Path]:
+    """Folders of the NVIDIA driver's libraries this process has loaded that lie outside the
+    folders every sandbox sees (a container's ``/usr/local/nvidia`` is inside ``/usr``; a cluster's
+    driver under ``/cm/local/apps`` or ``/run/nvidia`` is not). Read from ``/proc/self/maps`` (or
+    ``maps``): where torch found the driver, the sandbox's torch must find it too."""
+    if maps is None:
+        try:
+            import torch
+
+            torch.cuda.is_available()  # loads the driver library, if there is one
+            maps = Path("/proc/self/maps").read_text()
+        except Exception:
+            return []
+    seen = set()
+    for line in maps.splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if any(Path(path).name.startswith(lib) for lib in DRIVER_LIBRARIES):
+            folder = Path(path).parent
+            if not any(folder == Path(s) or Path(s) in folder.parents for s in SYSTEM):
+                seen.add(folder)
+    return sorted(seen)
+
+
+def gpu_problem(box: "Sandbox") -> str | None:
+    """Why a sandbox on this GPU machine would not see its GPU (None when it does, or where the
+    grader itself sees none). Grading such a sandbox would measure a CPU and grade it as a GPU."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        want = torch.cuda.device_count()
+    except Exception:
+        return None
+    probe = "import torch; print(torch.cuda.device_count())"
+    try:
+        done = subprocess.run(box.command([sys.executable, "-c", probe]), capture_output=True, text=True, timeout=300)
+        seen = int(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        seen = 0
+        done = None
+    if seen == want:
+        return None
+    tail = (done.stderr.strip().splitlines() or [""])[-1][:200] if done is not None else ""
+    return (f"the grading sandbox sees {seen} of this machine's {want} GPU(s) ({tail or 'no error'}): its "
+            f"students would be graded on a CPU as a GPU. The sandbox binds {', '.join(SYSTEM)}, Python, and "
+            f"the driver's library folders found ({', '.join(map(str, driver_folders())) or 'none outside those'}); "
+            "bind the folder that holds libcuda.so in autograder/sandbox.py's SYSTEM.")
 
 
 def own(*paths: Path) -> None:

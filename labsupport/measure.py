@@ -299,6 +299,18 @@ class Utilisation:
     note: str = ""  # why nothing was sampled, or how to read the number
 
 
+def _nvidia_smi_id(index: int) -> str:
+    """How ``nvidia-smi -i`` names torch's CUDA device ``index``: by its UUID. nvidia-smi numbers
+    the GPUs itself, ignoring CUDA_VISIBLE_DEVICES, so under ``CUDA_VISIBLE_DEVICES=3`` torch's
+    device 0 is nvidia-smi's 3: by index it would read another GPU (another student's, on a
+    shared grading node)."""
+    try:
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:  # a torch without it: the index, right where nothing renumbers the GPUs
+        return str(index)
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
 def _gpu_sampler(device: torch.device) -> tuple[Callable[[], float], str]:
     """A function reading the GPU's utilisation now, and its source: NVML through
     ``torch.cuda.utilization`` (nvidia-ml-py), else one ``nvidia-smi --query-gpu`` per sample."""
@@ -309,7 +321,8 @@ def _gpu_sampler(device: torch.device) -> tuple[Callable[[], float], str]:
     except Exception:  # no nvidia-ml-py, or NVML unusable: ask nvidia-smi
         import subprocess
 
-        command = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", str(index)]
+        command = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                   "-i", _nvidia_smi_id(index)]
 
         def read() -> float:
             return float(subprocess.run(command, capture_output=True, text=True, check=True, timeout=5).stdout)

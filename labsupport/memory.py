@@ -83,6 +83,10 @@ class MemoryReport:
     peak_bytes: int  # most bytes allocated at once during the call, above what it started with
     retained_bytes: int  # bytes the call allocated and did not free (e.g. optimizer state)
     method: str  # how the bytes were counted: "torch-dispatch" on every device
+    # On CUDA, beside the count: the caching allocator's own peak above where the call started
+    # (torch.cuda.max_memory_allocated: block rounding and cuDNN workspaces included, which the
+    # count of tensor storages misses; what decides an out-of-memory error). None elsewhere.
+    allocator_peak_bytes: int | None = None
 
 
 def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryReport:
@@ -94,10 +98,16 @@ def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryRep
     runs fused kernels instead (the ladder shows no peak for 05's compiled rung).
     """
     device = torch.device(device)
+    cuda = device.type == "cuda"
+    if cuda:
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
     with TensorBytes(device.type) as counter:
         fn()
         sync(device)
-    return MemoryReport(counter.peak_bytes, counter.live_bytes, "torch-dispatch")
+    allocator = torch.cuda.max_memory_allocated(device) - start if cuda else None
+    return MemoryReport(counter.peak_bytes, counter.live_bytes, "torch-dispatch", allocator)
 
 
 def _is_parameter_cast(t: torch.Tensor) -> bool:

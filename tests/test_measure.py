@@ -156,6 +156,21 @@ def test_gpu_utilisation_falls_back_to_nvidia_smi_without_nvml(monkeypatch):
     assert queries[0][:3] == ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
 
 
+def test_nvidia_smi_reads_the_gpu_torch_uses_by_its_uuid(monkeypatch):
+    """Under CUDA_VISIBLE_DEVICES=3 torch's device 0 is nvidia-smi's 3: it is named by UUID."""
+    import types
+
+    uuid = "8a1f7c1e-0d5a-4b0e-9a57-1f2e3d4c5b6a"
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(uuid=uuid))
+    assert measure._nvidia_smi_id(0) == f"GPU-{uuid}"
+
+    def no_properties(index):
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_properties)
+    assert measure._nvidia_smi_id(2) == "2"
+
+
 def test_gpu_utilisation_that_cannot_be_read_says_why(monkeypatch):
     import subprocess
 

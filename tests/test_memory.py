@@ -14,6 +14,7 @@ def test_cpu_peak_detects_a_known_allocation():
     report = peak_step_bytes(lambda: torch.empty(10 * MB, dtype=torch.float32), "cpu")
     assert report.peak_bytes == pytest.approx(40 * MB, rel=0.05)
     assert report.retained_bytes == 0 and report.method == "torch-dispatch"
+    assert report.allocator_peak_bytes is None  # the allocator's figure is CUDA's alone
 
 
 def test_cpu_peak_is_the_most_alive_at_once_not_the_sum():
@@ -140,3 +141,12 @@ def test_04s_memory_snapshot_cell_keeps_the_snapshot_and_its_timeline(tmp_path, 
     assert "<html" in (memory_dir / "04-snapshot.html").read_text().lower()
     assert torch.cuda.max_memory_reserved() >= torch.cuda.max_memory_allocated() > 0
     assert space["saved"] > 0 and space["param_bytes"] > 0
+
+
+@requires_cuda
+def test_cuda_reports_the_allocators_peak_beside_the_count():
+    """The allocator's peak holds at least what the count saw (it rounds blocks up), for a known
+    allocation."""
+    report = peak_step_bytes(lambda: torch.empty(10 * MB, dtype=torch.float32, device="cuda"), "cuda")
+    assert report.peak_bytes == pytest.approx(40 * MB, rel=0.05)
+    assert report.allocator_peak_bytes >= report.peak_bytes

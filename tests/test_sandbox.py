@@ -183,3 +183,14 @@ print(subprocess.run(["pgrep", "-u", "{uid}", "-x", "-a", "sleep"], capture_outp
     finally:
         neighbour.kill()
         neighbour.wait()
+
+
+def test_the_gpu_driver_is_bound_wherever_it_lives():
+    """The driver's libraries outside the folders every sandbox sees are found from what this
+    process loaded (the CUDA branch itself runs only on a GPU machine)."""
+    maps = ("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159\n"
+            "7f02-7f03 r-xp 0 08:01 2 /cm/local/apps/cuda-driver/libs/580/lib64/libnvidia-ml.so.1\n"
+            "7f04-7f05 r-xp 0 08:01 3 /opt/nvidia/lib/libcuda.so.1\n"
+            "7f06-7f07 rw-p 0 00:00 0 [heap]\n")
+    assert sandbox.driver_folders(maps) == [sandbox.Path("/cm/local/apps/cuda-driver/libs/580/lib64")]
+    assert sandbox.gpu_problem(sandbox.Sandbox(writable=(), readable=())) is None  # no GPU here: nothing to check
