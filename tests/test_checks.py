@@ -563,3 +563,40 @@ def test_07_int8_speed_is_graded_at_a_profile_that_grades_speed(monkeypatch):
     fast = found["07-int8-speedup"]
     assert fast.status in ("pass", "fail") and fast.measured > 0 and "05 compile_inference" in fast.note, fast
     assert found["07-int8-accuracy"].measured is not None
+
+
+def test_02_an_epoch_that_repeats_a_batch_fails_even_unfinished():
+    """Honest for one epoch, then the same batch again and again: the timing never finishes the
+    second epoch, and at the real profile its labels would not exceed the dataset's counts for a
+    hundred batches; the batch fingerprint catches the second copy."""
+    from labsupport.grading import partners
+
+    batches = [(torch.full((2, 3, 8, 8), float(i)) + torch.rand(2, 3, 8, 8), torch.tensor([i, i + 1]))
+               for i in range(4)]
+
+    class Honest:
+        def __len__(self):
+            return len(batches)
+
+        def __iter__(self):
+            return iter(batches)
+
+    class ThenForever(Honest):
+        epochs = 0
+
+        def __iter__(self):
+            ThenForever.epochs += 1
+            if ThenForever.epochs == 1:
+                yield from batches
+            while True:
+                yield batches[0]
+
+    # A large dataset's labels, as at the real profile: three copies of one batch exceed no count.
+    expected, kinds = torch.arange(5).repeat_interleave(100), {((3, 8, 8), torch.float32)}
+    for loader, want in ((Honest(), ""), (ThenForever(), "served more than once")):
+        recorder = partners.EpochRecorder(loader)
+        for _ in range(2):
+            for k, _batch in enumerate(recorder):
+                if k == 2:
+                    break
+        assert (want in recorder.problems(expected, 2, kinds)) if want else recorder.problems(expected, 2, kinds) == ""

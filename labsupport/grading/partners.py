@@ -141,6 +141,7 @@ class EpochRecorder:
 
     def __init__(self, loader):
         self.loader, self.epochs, self.complete, self.kinds = loader, [], [], set()
+        self.prints: list = []  # per epoch: a fingerprint of each batch's images, in order
 
     def __len__(self):
         return len(self.loader)
@@ -148,28 +149,43 @@ class EpochRecorder:
     def __iter__(self):
         self.epochs.append(None)
         self.complete.append(False)
-        buffer, used = None, 0
+        self.prints.append(None)
+        buffer, used, prints, n = None, 0, None, 0
         for x, y in self.loader:
             self.kinds.add((tuple(x.shape[1:]), x.dtype))
             y_flat = y.reshape(-1)
             if buffer is None:
                 buffer = y_flat.new_empty((len(self.loader) + 1) * y_flat.numel())
+                prints = torch.empty((len(self.loader) + 1, 2), dtype=torch.float64, device=x.device)
             if used + y_flat.numel() > buffer.numel():  # more than len() promised: grow
                 buffer = torch.cat([buffer, y_flat.new_empty(max(buffer.numel(), y_flat.numel()))])
+            if n == len(prints):
+                prints = torch.cat([prints, torch.empty_like(prints)])
             buffer[used:used + y_flat.numel()].copy_(y_flat, non_blocking=True)
             used += y_flat.numel()
-            self.epochs[-1] = buffer[:used]
+            # A strided view (a 25th of the batch, no copy of it), queued on the batch's device: the
+            # same batch served twice in an epoch gives the same two numbers.
+            sample = (x[..., ::5, ::5] if x.dim() >= 2 else x).double()
+            prints[n, 0], prints[n, 1] = sample.sum(), sample.square().sum()
+            n += 1
+            self.epochs[-1], self.prints[-1] = buffer[:used], prints[:n]
             yield x, y
         self.complete[-1] = True
 
     def problems(self, expected, batch_size: int, kinds: set) -> str:
-        """What was wrong with any epoch that was timed ("" if nothing): every complete epoch sees
-        every sample's label once, an epoch cut short sees none too often, every batch has the
-        expected shape and dtype."""
+        """What was wrong with any epoch that was timed ("" if nothing): no batch is served twice in
+        an epoch (finished or not), every complete epoch sees every sample's label once, an epoch
+        cut short sees none too often, every batch has the expected shape and dtype."""
         if self.kinds - kinds:
             return f"timed batches had shapes/dtypes {self.kinds - kinds}, expected {kinds}"
         expected = torch.as_tensor(expected).flatten()
         counts = torch.bincount(expected)
+        for n, prints in enumerate(self.prints, 1):
+            if prints is not None and len(prints) > 1:
+                found = torch.nan_to_num(prints.cpu())
+                if len(torch.unique(found, dim=0)) < len(found):
+                    return (f"timed epoch {n}: the same batch was served more than once (an epoch must "
+                            "go through the data, not repeat a batch)")
         for n, (labels, complete) in enumerate(zip(self.epochs, self.complete), 1):
             seen = expected[:0] if labels is None else labels.cpu()
             if complete:
