@@ -3,7 +3,10 @@
 Outside Colab nothing moves: results go to ``./results`` beside the notebook, the dataset to the
 checkout's ``data/``, the report to ``./build/report.html``. In Colab every notebook runs in a
 new runtime, so :func:`use_drive_in_colab` (called by ``ls.setup()``) mounts Google Drive and puts
-all three in one lab folder there (``LAB_HOME``), where 06 finds what 01-05 measured.
+the results (the carried code among them) and the report in one lab folder there (``LAB_HOME``),
+where 06 finds what 01-05 measured. The dataset is not on Drive in Colab: it is generated
+(deterministically, the same images everywhere) on the runtime's own disk, ``/content``, since
+01 and 02 time reading it, and 6,000 JPEGs read through Drive's mount would time Drive.
 
 Environment variables, read when called: ``LAB_HOME`` (the lab folder), and ``LAB_RESULTS``,
 ``LAB_DATA``, ``LAB_REPORT`` for each of the three on its own.
@@ -17,6 +20,7 @@ from pathlib import Path
 
 DRIVE_MOUNT = "/content/drive"
 DRIVE_FOLDER = Path(DRIVE_MOUNT) / "MyDrive" / "pytorch-perf-lab"  # the lab folder in Colab
+COLAB_DATA = Path("/content") / "lab-data" / "lab-shapes"  # the dataset in Colab: the runtime's disk
 
 
 def home() -> Path | None:
@@ -40,10 +44,13 @@ def report_path() -> Path:
 
 
 def data_root() -> Path:
-    """``LAB_DATA``, else ``<lab folder>/data/lab-shapes``, else the checkout's ``data/lab-shapes``,
-    else ``~/.cache/pytorch-perf-lab/lab-shapes`` (an installed, non-editable labsupport)."""
+    """``LAB_DATA``, else in Colab the runtime's own disk (``COLAB_DATA``), else
+    ``<lab folder>/data/lab-shapes``, else the checkout's ``data/lab-shapes``, else
+    ``~/.cache/pytorch-perf-lab/lab-shapes`` (an installed, non-editable labsupport)."""
     if os.environ.get("LAB_DATA"):
         return Path(os.environ["LAB_DATA"]).expanduser()
+    if in_colab():
+        return COLAB_DATA
     if home():
         return home() / "data" / "lab-shapes"
     checkout = Path(__file__).resolve().parent.parent
@@ -78,5 +85,6 @@ def use_drive_in_colab() -> Path | None:
         return None
     DRIVE_FOLDER.mkdir(parents=True, exist_ok=True)
     os.environ["LAB_HOME"] = str(DRIVE_FOLDER)
-    print(f"Lab folder on Google Drive: {DRIVE_FOLDER} (results, dataset and report persist there)")
+    print(f"Lab folder on Google Drive: {DRIVE_FOLDER} (results, your carried code and the report persist "
+          f"there; the dataset is generated on this runtime's disk, {COLAB_DATA})")
     return DRIVE_FOLDER

@@ -55,3 +55,26 @@ def test_bad_stage_name_and_unstorable_value(tmp_path):
     with pytest.raises(TypeError, match="Cannot store object"):
         results.record("01-x", {"bad": object()}, machine={}, directory=tmp_path)
     assert not (tmp_path / "01-x.json").exists()
+
+
+def test_in_colab_the_dataset_is_on_the_runtimes_disk_and_results_on_drive(monkeypatch, tmp_path):
+    """Reading 6,000 JPEGs through Drive's mount would make 01 and 02 time Drive: in Colab the
+    dataset is generated on the runtime's disk, while results and the report stay in the lab
+    folder on Drive (LAB_HOME), and LAB_DATA still wins."""
+    import sys
+    import types
+
+    from labsupport import paths
+
+    for name in ("LAB_DATA", "LAB_RESULTS", "LAB_REPORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LAB_HOME", str(tmp_path / "drive"))
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    assert paths.data_root() == paths.COLAB_DATA
+    assert paths.results_dir() == tmp_path / "drive" / "results"
+    assert paths.report_path() == tmp_path / "drive" / "report.html"
+    monkeypatch.setenv("LAB_DATA", str(tmp_path / "mine"))
+    assert paths.data_root() == tmp_path / "mine"
+    monkeypatch.delitem(sys.modules, "google.colab")
+    monkeypatch.delenv("LAB_DATA")
+    assert paths.data_root() == tmp_path / "drive" / "data" / "lab-shapes"  # LAB_HOME outside Colab
