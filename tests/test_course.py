@@ -96,3 +96,31 @@ def test_make_tests_file_order_names_every_test_file():
 
     files = sorted(p.name for p in Path(conftest.__file__).parent.glob("test_*.py"))
     assert sorted(conftest.FILE_ORDER) == files, "name every test file in tests/conftest.py's FILE_ORDER"
+
+
+def test_the_setup_cell_keeps_an_old_torch_and_says_what_to_do(monkeypatch):
+    """In Colab the setup cell installs labsupport on top of the runtime's torch. Below the floor
+    pyproject.toml states it stops with what to run, instead of letting pip replace torch (GBs,
+    in every runtime); the floor is the one the package declares."""
+    import importlib.metadata
+    import importlib.util
+    import re
+    import subprocess
+    import sys
+
+    floor = re.search(r'"torch>=(\d+)\.(\d+)"', (course.REPO_ROOT / "pyproject.toml").read_text()).groups()
+    source = course.setup_cell_source().replace('LAB_URL = ""', 'LAB_URL = "file:///lab.zip"')
+    assert f"< ({floor[0]}, {floor[1]})" in source
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "labsupport" else real_find(name, *a))
+    installed = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: installed.append(argv))
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.4.1+cu121")
+    with pytest.raises(RuntimeError, match=r"torch is 2\.4\.1\+cu121; the lab needs 2\.9"):
+        exec(compile(source, "setup", "exec"), {})
+    assert installed == []
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: f"{floor[0]}.{floor[1]}.0")
+    monkeypatch.setitem(sys.modules, "labsupport", None)  # "installed", but not importable here
+    with pytest.raises(ModuleNotFoundError):
+        exec(compile(source, "setup", "exec"), {})
+    assert installed and installed[0][-1] == "file:///lab.zip"
