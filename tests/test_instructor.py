@@ -235,6 +235,16 @@ def graded(tmp_path_factory, tiny_data):
                                   else f"{scenario}/{path.name}")
             shutil.rmtree(inbox / scenario)
     (inbox / "broken.zip").write_bytes(b"PK\x03\x04 this is not a zip")
+    # An inbox no student should be able to break (collected in name order, before the others):
+    # a zip bomb, a student folder that is a link to the masters, and one of links inside.
+    with zipfile.ZipFile(inbox / "bomb.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("bomb/01_profile.ipynb", "w", force_zip64=True) as f:
+            for _ in range(collect.MAX_NOTEBOOK_BYTES // 2**20 + 8):
+                f.write(b" " * 2**20)
+    (inbox / "a-link").symlink_to(root / "source" / "lab")
+    (inbox / "links" / "lab").mkdir(parents=True)
+    (inbox / "links" / "lab" / "02_data_loading.ipynb").symlink_to(root / "source" / "lab" / "02_data_loading.ipynb")
+    (inbox / "links" / "lab" / "03_amp.ipynb").symlink_to("/etc/passwd")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LAB_DATA", str(tiny_data))
         mp.setenv("LAB_PROFILE", "tiny")
@@ -293,6 +303,12 @@ def test_collect_reports_each_problem_and_collects_the_rest(graded):
     assert crash.notebooks == ["01_profile"]
     assert sum("is missing" in p for p in crash.problems) == len(course.graded_masters()) - 1, crash.problems
     assert not (graded["root"] / "submitted" / "broken").exists()
+    # the zip bomb, the linked folder and the links cost their own students only, named
+    assert any("MiB" in p for p in found["bomb"].problems) and found["bomb"].notebooks == []
+    assert "a link, not followed" in found["a-link"].problems[0]
+    assert found["links"].notebooks == [] and sum("a link" in n for n in found["links"].not_graded) == 2
+    assert "root:" not in repr(found["links"])  # nothing of the system file was read
+    assert not (graded["root"] / "submitted" / "a-link").exists()
 
 
 def test_collect_rejects_unknown_and_unreadable_notebooks(tmp_path):
