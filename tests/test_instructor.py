@@ -400,8 +400,13 @@ def test_the_ladder_is_the_students_own(graded):
 def test_a_library_patched_in_the_kernel_does_not_reach_the_graders_baseline(graded):
     """patched-baseline's kernel slowed PIL.Image.open, which the naive loader reads every image
     with: the speedup its kernel measured (its check table, in the autograded notebook) came out
-    inflated. The grader's, measured in the verdict process, did not: it is of the reference's
-    order (both correct loaders, measured the same way)."""
+    inflated. The verdict process, which measures the grader's, runs only the carried code, and
+    the patch is not in it.
+
+    The two speedups are printed, not compared with a band: at the tiny profile, measured in
+    different processes beside two other lanes on 2 cores, the grader's speedup of two correct
+    loaders varied from 6x to 20x between runs (the reference's and patched-baseline's, 6.06 and
+    20.3 in one fresh clone), so a band around the reference's failed on noise alone."""
     import json
     import re
 
@@ -416,8 +421,9 @@ def test_a_library_patched_in_the_kernel_does_not_reach_the_graders_baseline(gra
     kernel = float(re.search(r"02-loader-speedup\s+([0-9.]+)", table).group(1))
     ours, reference = grader("patched-baseline"), grader("reference")
     print(f"02 loader speedup: kernel {kernel:.2f}x, grader {ours:.2f}x, reference (grader) {reference:.2f}x")
-    assert ours < 0.7 * kernel, (kernel, ours)
-    assert 0.5 * reference < ours < 2 * reference, (ours, reference)
+    carried = (graded["root"] / "results" / "patched-baseline" / "code" / "02.py").read_text()
+    assert "def make_fast_loader" in carried
+    assert "PIL.Image.open" not in carried and "_slow_open" not in carried, carried
 
 
 def test_the_reference_notebooks_print_no_library_noise(graded):
