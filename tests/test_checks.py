@@ -290,7 +290,10 @@ def test_graded_checks_ignore_a_monkeypatched_labsupport(monkeypatch):
     ns = {"make_fast_loader": lambda lab, split="train", augment=True: ls.pipeline.naive_loader(
         lab.profile, split=split, augment=augment, seed=lab.seed)}
     result = ls.grading.fresh().grading.run("02", ns, only=("02-loader-speedup",))["02-loader-speedup"]
-    assert result.status == "fail" and result.measured < 2
+    # The patched compare says 100x. The naive loader against itself is about 1x, but 3 rounds at
+    # the tiny profile beside other tests measured up to 2.5x in a fresh clone: the bar sits far
+    # from both, so only the fake would cross it.
+    assert result.status == "fail" and result.measured < 10
 
 
 # 04 ------------------------------------------------------------------------------------------
