@@ -51,7 +51,7 @@ import pandas as pd
 
 from nbgrader.preprocessors import Execute
 
-from . import boundary, course, release, sandbox, verdicts
+from . import boundary, course, release, reports, sandbox, verdicts
 
 
 # nbgrader's gradebook warns on every submission with SQLAlchemy 2 (nbgrader/api.py); harmless,
@@ -78,6 +78,8 @@ class NotebookGrade:
     verdict_s: float = 0.0  # seconds the grader's verdict process took
     kernel_disagreed: list[str] = field(default_factory=list)  # test cells the kernel scored otherwise
     repaired: list[str] = field(default_factory=list)  # gradebook entries put back after this notebook
+    review: list[str] = field(default_factory=list)  # checks held for a person, with their figures
+    auto_max_score: float = 0.0  # the points the grader decides (max_score less the manual ones)
 
 
 def cell_timeout_s(device_class: str) -> int:
@@ -178,8 +180,9 @@ def _cell_errors(autograded: Path) -> tuple[list[str], bool]:
     return errors, timed_out
 
 
-def _notebook_scores(course_root: Path, student: str) -> dict[str, tuple[float, float, bool]]:
-    """``{notebook: (score, max score, needs manual grading)}`` from the gradebook."""
+def _notebook_scores(course_root: Path, student: str) -> dict[str, tuple[float, float, bool, float]]:
+    """``{notebook: (score, max score, needs manual grading, automatic max score)}`` from the gradebook
+    (the automatic points are the code test cells'; 06's written analysis is a person's)."""
     from nbgrader.api import Gradebook, MissingEntry
 
     out = {}
@@ -189,7 +192,8 @@ def _notebook_scores(course_root: Path, student: str) -> dict[str, tuple[float, 
         except MissingEntry:
             return out
         for nb in submission.notebooks:
-            out[nb.name] = (float(nb.score), float(nb.max_score), bool(nb.needs_manual_grade))
+            out[nb.name] = (float(nb.score), float(nb.max_score), bool(nb.needs_manual_grade),
+                            float(nb.max_code_score))
     return out
 
 
@@ -238,14 +242,14 @@ class Batch:
     lib: Path  # the read-only copy of labsupport the sandboxes import
     settings: dict[str, str]  # the verdict spec's profile, thresholds, calibration, data
     cells: dict[str, dict[str, list[str]]]  # {notebook: {test cell: [check ids]}}
+    machine: object = None  # labsupport.hardware.Machine: the grader's own view of this machine
     memory: str | None = None  # why the sandboxes have no memory limit (None: they have one)
     disk: str | None = None  # why a submission's disk is counted by the watchdog, not a filesystem
 
     @classmethod
     def prepare(cls, course_root: Path, timeout_s: int) -> "Batch":
         import labsupport
-        from labsupport import grading
-        from labsupport import dataset
+        from labsupport import dataset, grading, hardware
         from labsupport.paths import data_root
 
         course_root = Path(course_root).resolve()
@@ -275,7 +279,8 @@ class Batch:
         if gpu:
             raise course.CourseError(gpu)
         return cls(course_root, timeout_s, NOTEBOOK_BUDGET_CELLS * timeout_s, SUBMISSION_BUDGET_CELLS * timeout_s,
-                   box, lib, settings, verdicts.checks_by_cell(course_root), memory=memory)
+                   box, lib, settings, verdicts.checks_by_cell(course_root),
+                   machine=hardware.describe_machine(hardware.pick_device()), memory=memory)
 
 
 # A notebook's kernel may run for this many cell time limits in all (the pre_run_cell hook that
@@ -350,7 +355,7 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
     :mod:`.boundary` at the end, and the submission's folders are removed.
     """
     from nbgrader.api import Gradebook
-    from nbgrader.converters import Autograde, GenerateFeedback
+    from nbgrader.converters import Autograde
 
     course_root = Path(course_root).resolve()
     batch = batch or Batch.prepare(course_root, timeout_s)
@@ -361,16 +366,14 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
     kept = course_root / "results" / student  # the grader's measurements, copied out at the end
     dirs = Folders(batch.course_root / "sandbox" / "students" / student)
     sandbox.unmount_below(dirs.work)
-    for path in (kept, dirs.work):
+    for path in (kept, dirs.work, course_root / "verdicts" / student):
         shutil.rmtree(path, ignore_errors=True)
     deadline = time.monotonic() + batch.submission_budget_s
     try:
         grades, before = _grade_in(course_root, student, batch, dirs, folder, names, deadline, Autograde)
         with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
             repaired = verdicts.restore(gb, assignment, student, before)
-        feedback = _run(_app(GenerateFeedback, course_root, CourseDirectory__student_id=student))
-        if not feedback["success"]:
-            print(f"{student}: generate_feedback failed: {_last_error_line(feedback)}")
+        feedback(course_root, student)
         try:
             (course_root / "reports").mkdir(exist_ok=True)
             boundary.copy_file(dirs.report, "report.html", course_root / "reports" / f"{student}.html")
@@ -385,11 +388,22 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
         shutil.rmtree(dirs.work, ignore_errors=True)
     scores = _notebook_scores(course_root, student)
     for g in grades:
-        g.score, g.max_score, g.needs_manual = scores.get(g.notebook, (0.0, g.max_score, False))
+        g.score, g.max_score, g.needs_manual, g.auto_max_score = scores.get(g.notebook, (0.0, g.max_score, False, 0.0))
         g.repaired = [r for r in repaired if g.notebook in r]
     if grades:  # a repair that names none of this student's notebooks goes on the first row
         grades[0].repaired += [r for r in repaired if not any(g.notebook in r for g in grades)]
     return grades
+
+
+def feedback(course_root: Path, student: str) -> None:
+    """nbgrader's feedback pages for ``student``, each opened by the grader's table of its checks."""
+    from nbgrader.converters import GenerateFeedback
+
+    made = _run(_app(GenerateFeedback, course_root, CourseDirectory__student_id=student))
+    if not made["success"]:
+        print(f"{student}: generate_feedback failed: {_last_error_line(made)}")
+    for kept in sorted((Path(course_root) / "verdicts" / student).glob("*.json")):
+        reports.judged_feedback(course_root, student, kept.stem, verdicts.kept(course_root, student, kept.stem))
 
 
 def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, folder: Path,
@@ -416,6 +430,7 @@ def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, fold
     env = {"LAB_RESULTS": str(dirs.results), "LAB_REPORT": str(kernel_report),
            # the batch's copy, which the sandbox can read (the course root is not in it)
            "LAB_CALIBRATION": batch.settings["calibration"] or os.devnull,
+           "LAB_THRESHOLDS": batch.settings["thresholds"],  # the batch's copy, for the grader's decisions too
            "JUPYTER_RUNTIME_DIR": str(dirs.run), "JUPYTER_PATH": str(dirs.jupyter),
            # One Inductor cache per submission, shared by its kernels and verdict processes (never
            # between submissions): the verdict re-uses what the kernel compiled for the same code.
@@ -461,8 +476,9 @@ def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, fold
                                 KernelManager__connection_file=str(dirs.run / "connection.json"))
             app = _app(Autograde, course_root, CourseDirectory__student_id=student,
                        CourseDirectory__notebook_id=name, Autograde__create_student=True, **settings)
-            app.autograde_preprocessors = [BoundedExecute if pp is Execute else pp
-                                           for pp in app.autograde_preprocessors]
+            # the config's stand-in (nbgrader autograde alone refuses to grade) becomes the sandboxed run
+            app.autograde_preprocessors = [BoundedExecute if pp is Execute or getattr(pp, "replaced_by_the_grader", False)
+                                           else pp for pp in app.autograde_preprocessors]
             started, since = time.perf_counter(), time.time()
             kills = sandbox.memory_kills()
             with sandbox.watchdog(written, enabled=sandboxed, disk=disk) as dog:
@@ -494,11 +510,16 @@ def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, fold
                                      env={"TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)})
             if "error" in found:
                 errors.append(f"verdicts: {found['error']}")
-            passed = verdicts.cell_scores(found, batch.cells.get(name, {}))
+            cells = batch.cells.get(name, {})
+            decisions, passed = verdicts.score(found, cells, batch.machine)
+            verdicts.keep(course_root, student, name, found, decisions)
             with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
                 disagreed = verdicts.record(gb, assignment, student, name, passed)
             grades.append(NotebookGrade(student, name, status, 0.0, 0.0, seconds, edited, errors,
-                                        verdict_s=float(found.get("seconds", 0.0)), kernel_disagreed=disagreed))
+                                        verdict_s=float(verdicts.finite(found.get("seconds")) or 0.0),
+                                        kernel_disagreed=disagreed,
+                                        review=[f"{d.check}: {d.note}" for d in decisions.values()
+                                                if d.result == "review"]))
     return grades, before
 
 
@@ -510,21 +531,32 @@ def _last_error_line(outcome: dict) -> str:
     return (errors or lines or ["unknown error"])[-1][:300]
 
 
+JUDGED = ("check", "measured", "bar", "result", "reason", "note")  # the judge's table, per test cell
+
+
 def scores_by_check(course_root: Path) -> pd.DataFrame:
-    """One row per student and autograded cell: student, notebook, cell, score, max score."""
+    """One row per student and graded cell: its score and the grader's decision on the check(s) it
+    requires (:data:`JUDGED`, from ``verdicts/<student>/<notebook>.json``; empty for a person's cell)."""
     from nbgrader.api import Gradebook
 
     rows = []
+    cells = verdicts.checks_by_cell(course_root)
     with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
         assignment = gb.find_assignment(course.assignment_id(course_root))
         for submission in assignment.submissions:
             for nb in submission.notebooks:
+                decided = verdicts.kept(course_root, submission.student.id, nb.name)
                 for grade in nb.grades:
+                    found = [decided.get(c, {"check": c, "result": "not graded"})
+                             for c in cells.get(nb.name, {}).get(grade.name, [])]
                     rows.append({"student": submission.student.id, "notebook": nb.name,
                                  "cell": grade.name, "score": grade.score, "max_score": grade.max_score,
-                                 "needs_manual_grade": grade.needs_manual_grade})
+                                 "needs_manual_grade": grade.needs_manual_grade,
+                                 **{k: " | ".join("" if d.get(k) is None else
+                                                  f"{d[k]:.4g}" if isinstance(d[k], float) else str(d[k])
+                                                  for d in found) for k in JUDGED}})
     return pd.DataFrame(rows, columns=["student", "notebook", "cell", "score", "max_score",
-                                       "needs_manual_grade"])
+                                       "needs_manual_grade", *JUDGED])
 
 
 def export(course_root: Path, grades: list[NotebookGrade]) -> dict[str, Path]:
@@ -538,7 +570,7 @@ def export(course_root: Path, grades: list[NotebookGrade]) -> dict[str, Path]:
         CsvExportPlugin(to=str(paths["grades"]), config=course.load_config(course_root)).export(gb)
     scores_by_check(course_root).to_csv(paths["grades_by_check"], index=False)
     summary = pd.DataFrame([asdict(g) for g in grades])
-    for column in ("edited_cells", "errors", "kernel_disagreed", "repaired"):
+    for column in ("edited_cells", "errors", "kernel_disagreed", "repaired", "review"):
         if column in summary:
             summary[column] = summary[column].map(" | ".join)
     summary.to_csv(paths["grading_summary"], index=False)
@@ -626,13 +658,17 @@ def _export_quietly(course_root: Path, grades: list[NotebookGrade]) -> None:
 
 
 def summary(grades: list[NotebookGrade]) -> pd.DataFrame:
-    """One row per student: score, max, and which notebooks timed out, failed or were missing."""
+    """One row per student: score, max (all points), automatic max (the grader's), checks held for
+    review, and which notebooks timed out, failed or were missing."""
     frame = pd.DataFrame([asdict(g) for g in grades])
     rows = []
     for student, group in frame.groupby("student", sort=True):
         def named(status):
             return ", ".join(group.loc[group.status == status, "notebook"]) or ""
         rows.append({"student": student, "score": group.score.sum(), "max": group.max_score.sum(),
+                     # what the grader decides; the rest (06's written analysis) is a person's to give
+                     "automatic max": group.auto_max_score.sum(),
+                     "for review": "; ".join(f"{n}: {r}" for n, rs in zip(group.notebook, group.review) for r in rs),
                      "timed out": named("timed out"), "failed to run": named("failed to run"),
                      "missing": named("missing"),
                      "edited read-only cells": "; ".join(f"{n}: {', '.join(c)}" for n, c in
@@ -658,6 +694,13 @@ def print_summary(grades: list[NotebookGrade], course_root: Path) -> None:
           f"{sum('timed out' in st for st in per_student.values())} with a notebook that timed out, "
           f"{sum('missing' in st for st in per_student.values())} with a missing notebook "
           f"({int((statuses == 'graded').sum())} of {len(statuses)} notebooks graded normally).")
+    held = [(g.student, r) for g in grades for r in g.review]
+    if held:
+        print(f"\n{len(held)} check(s) held for review, 0 points until you decide (a manual score in "
+              "nbgrader's formgrader gives them):")
+        for student, why in held:
+            print(f"  {student}: {why}")
     root = course.shown(course_root)
     print(f"grades: {root}/grades.csv, per check: {root}/grades_by_check.csv, "
-          f"summary: {root}/grading_summary.csv, feedback: {root}/feedback/<student>/")
+          f"summary: {root}/grading_summary.csv, feedback: {root}/feedback/<student>/, "
+          f"the grader's verdicts: {root}/verdicts/<student>/")

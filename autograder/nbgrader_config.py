@@ -8,6 +8,9 @@ The course root comes from this file's location, so every cwd gives the same cou
 
 from pathlib import Path
 
+from nbgrader.converters import Autograde
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+
 c = get_config()  # noqa: F821 (traitlets defines get_config and __file__ when it loads this file)
 
 COURSE_ROOT = Path(__file__).resolve().parent  # autograder/: source/, release/, gradebook.db, ...
@@ -25,3 +28,24 @@ c.Execute.timeout = 600
 # ClearSolutions.code_stub keeps nbgrader's default: each ### BEGIN/END SOLUTION region becomes
 #     # YOUR CODE HERE
 #     raise NotImplementedError()
+
+
+class GradeWithTheGrader(NbGraderPreprocessor):
+    """Stands where nbgrader's Execute would run a submission in ``nbgrader autograde`` (and
+    formgrader's autograde button), and refuses: there the student's own kernel would decide every
+    test cell, outside any sandbox. ``python -m autograder grade`` puts its sandboxed Execute here
+    and decides each cell with the grader's verdicts."""
+
+    replaced_by_the_grader = True  # grade.py swaps it for its own Execute
+
+    def preprocess(self, nb, resources):
+        raise RuntimeError(
+            "This course is not graded with `nbgrader autograde`: it would run each submission with no "
+            "sandbox, its own kernel deciding every test cell. Run `python -m autograder grade` from the "
+            "lab's checkout instead (nbgrader's autograde inside each submission's sandbox, every test "
+            "cell decided by the grader's verdicts).")
+
+
+c.Autograde.autograde_preprocessors = [
+    GradeWithTheGrader if pp is Execute else pp
+    for pp in Autograde.class_traits()["autograde_preprocessors"].default()]

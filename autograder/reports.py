@@ -20,6 +20,39 @@ import pandas as pd
 from . import course
 
 
+JUDGE_HEADING = "The grader's verdicts"
+
+
+def judged_feedback(course_root: Path, student: str, notebook: str, decided: dict[str, dict]) -> Path | None:
+    """Put the grader's table (check, measured, bar, result, reason, note) at the top of
+    ``notebook``'s feedback page, and label what follows as the student's own kernel run.
+
+    The feedback page is nbgrader's rendering of the notebook as the student's kernel ran it: its
+    self-check tables are the kernel's measurements, while each test cell's score is the grader's.
+    Returns the page, or None where nbgrader wrote none (or there is nothing to add).
+    """
+    page = Path(course_root) / "feedback" / student / course.assignment_id(course_root) / f"{notebook}.html"
+    if not decided or not page.is_file() or page.is_symlink():
+        return None
+    text = page.read_text()
+    body = text.find("<body")
+    if body < 0 or JUDGE_HEADING in text:
+        return None
+    at = text.index(">", body) + 1
+    table = pd.DataFrame([{k: d.get(k) for k in ("check", "measured", "bar", "result", "reason", "note")}
+                          for d in decided.values()])
+    block = (f'<section class="grader-verdicts" style="margin:1em 2em;padding:0.5em 1em;border:2px solid #4c72b0">'
+             f"<h2>{JUDGE_HEADING}</h2><p>Your points come from this table: the grader re-ran each check "
+             "outside your kernel, on the code your checks carried forward, and decided it against this "
+             "machine's bar. A result far above the reference waits for your instructor (\"review\").</p>"
+             + table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}", escape=True)
+             + "<p><b>Below: your notebook as your own kernel ran it.</b> Its self-check tables are your "
+               "kernel's own measurements (the student's self-check); where they differ from the table "
+               "above, the grader's table decides.</p></section>")
+    page.write_text(text[:at] + block + text[at:])
+    return page
+
+
 def _scores(course_root: Path) -> pd.DataFrame:
     path = Path(course_root) / "grades_by_check.csv"
     if not path.exists():

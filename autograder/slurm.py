@@ -196,7 +196,7 @@ def unfinished(job: Path) -> list[int]:
 # --- one array task ------------------------------------------------------------------------------
 
 # What a task brings back from its private course, and the merge puts into the course.
-BROUGHT_BACK = ("autograded/{s}", "results/{s}", "reports/{s}.html")
+BROUGHT_BACK = ("autograded/{s}", "results/{s}", "reports/{s}.html", "verdicts/{s}")
 
 
 def run_task(course_root: Path, job: Path, student: str, *, timeout_s: int | None = None) -> dict:
@@ -302,8 +302,6 @@ def merge(course_root: Path, job: Path | None = None) -> dict:
     "report": class report, "no_sandbox": {student: why their task had none},
     "devices": {device: [students graded on it]}}``.
     """
-    from nbgrader.converters import GenerateFeedback
-
     from . import grade, reports
 
     course_root = Path(course_root).resolve()
@@ -324,9 +322,7 @@ def merge(course_root: Path, job: Path | None = None) -> dict:
         task = job / "tasks" / student
         _merge_gradebook(course_root, task / "gradebook.db", student)
         _bring_back(task, course_root, student)
-        feedback = grade._run(grade._app(GenerateFeedback, course_root, CourseDirectory__student_id=student))
-        if not feedback["success"]:
-            print(f"{student}: generate_feedback failed: {grade._last_error_line(feedback)}")
+        grade.feedback(course_root, student)
         grades += [grade.NotebookGrade(**g) for g in record["grades"]]
         merged.append(student)
         if record.get("no_sandbox"):

@@ -15,10 +15,12 @@ the instructor gave. Scores above a cell's maximum are cleared. Each repair is r
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import nbformat
@@ -105,11 +107,144 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     return verdict
 
 
-def cell_scores(verdict: dict, cells: dict[str, list[str]]) -> dict[str, bool]:
+# --- the grader's decision -----------------------------------------------------------------------
+
+# A speedup this many times the best the reference reached when this machine was calibrated is
+# not passed: it waits for a person, with its figures (an honest solution does not beat the
+# course's own by that much on the same machine; every one seen so far was a cheat).
+OUTLIER = 3.0
+NOTE_CHARS = 500  # of the verdict process's note kept per check
+# Checks the verdict process may call n/a where this machine has a bar: only where torch.compile
+# cannot run here (an older GPU: nothing to compile with).
+NA_WITHOUT_COMPILE = ("05-compile-speedup",)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The grader's verdict on one check (a row of the judge's table: feedback, grades_by_check.csv)."""
+
+    check: str
+    measured: float | None  # the verdict process's measurement (None: nothing usable)
+    bar: str  # this machine's bar, e.g. ">= 3" ("" where the check does not apply here)
+    result: str  # "pass", "fail", "n/a" or "review" (held for a person: no points until one decides)
+    reason: str  # labsupport.grading.REASONS, or "far above the reference" or "not run"
+    note: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.result in ("pass", "n/a")
+
+
+def finite(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def decide(verdict: dict, check_ids, machine) -> dict[str, Decision]:
+    """The grader's decision on each of ``check_ids`` from a verdict process's ``verdict``.
+
+    Root decides here, with its own labsupport and the batch's thresholds and calibration, and
+    trusts the verdict (written in the sandbox) for nothing that could earn a point: a pass is
+    recomputed from the measurement and this machine's bar; an "n/a" counts only where this
+    machine has no bar for the check (or the profile grades no speed, or torch.compile cannot run
+    here); a failure stands, with the verdict's reason. A speedup above OUTLIER times the
+    reference's best on this machine is held for review. ``machine`` is a hardware.Machine.
+    """
+    from labsupport import grading, hardware
+
+    facts = machine.as_dict()
+    grades_speed = hardware.profile_for(machine.profile).grades_speed
+    checks = verdict.get("checks") if isinstance(verdict.get("checks"), dict) else {}
+    out = {}
+    for check in check_ids:
+        bar, better, why_na = grading.threshold_for(check, facts)
+        shown = "" if bar is None else f"{'>=' if better == 'higher' else '<='} {bar:.3g}"
+        entry = checks.get(check)
+        if not isinstance(entry, dict):
+            why = verdict.get("error") or "the verdict process did not run this check"
+            out[check] = Decision(check, None, shown, "fail", "not run", str(why)[:NOTE_CHARS])
+            continue
+        status, reason = entry.get("status"), entry.get("reason")
+        measured, note = finite(entry.get("measured")), str(entry.get("note", ""))[:NOTE_CHARS]
+        if status == "fail" or status not in ("pass", "n/a"):
+            reason = reason if reason in grading.REASONS and reason not in ("pass", "n/a") else "error"
+            out[check] = Decision(check, measured, shown, "fail", reason, note)
+        elif status == "n/a":
+            allowed = bar is None or not grades_speed or (
+                check in NA_WITHOUT_COMPILE and hardware.compile_problem(machine))
+            out[check] = (Decision(check, measured, shown, "n/a", "n/a", note or why_na) if allowed else
+                          Decision(check, measured, shown, "fail", "not measured",
+                                   f"the verdict process said n/a, but this machine has a bar ({shown}): "
+                                   f"nothing was measured against it. {note}".strip()))
+        elif bar is None:
+            out[check] = Decision(check, measured, shown, "n/a", "n/a", why_na)
+        elif measured is None:
+            out[check] = Decision(check, None, shown, "fail", "not measured", note or "nothing measured")
+        elif not grading.passes(measured, bar, better):
+            out[check] = Decision(check, measured, shown, "fail", "below bar",
+                                  f"measured {measured:.3g}, this machine's bar is {shown} (the verdict "
+                                  f"process said pass). {note}".strip())
+        else:
+            out[check] = _outlier(check, measured, shown, better, note, grading.reference_runs(check, facts))
+    return out
+
+
+def _outlier(check: str, measured: float, shown: str, better: str, note: str, reference: list[float]) -> Decision:
+    """A pass, unless the speedup is far beyond the reference's on this machine (then "review")."""
+    best = max(reference, default=None)
+    if better == "higher" and best and measured > OUTLIER * best:
+        return Decision(check, measured, shown, "review", "far above the reference",
+                        f"measured {measured:.3g}, {measured / best:.1f}x the reference's best ({best:.3g}) "
+                        f"when this machine was calibrated: no points until a person looks (a manual score "
+                        f"in nbgrader's formgrader gives them). {note}".strip())
+    return Decision(check, measured, shown, "pass", "pass", note)
+
+
+def cell_scores(decisions: dict[str, Decision], cells: dict[str, list[str]]) -> dict[str, bool]:
     """``{test cell: passed}``: a cell passes when every check it requires passed or is n/a."""
-    checks = verdict.get("checks", {})
-    return {cell: bool(ids) and all(checks.get(i, {}).get("status") in ("pass", "n/a") for i in ids)
+    return {cell: bool(ids) and all(i in decisions and decisions[i].passed for i in ids)
             for cell, ids in cells.items()}
+
+
+def score(verdict: dict, cells: dict[str, list[str]], machine) -> tuple[dict[str, Decision], dict[str, bool]]:
+    """:func:`decide` on every check ``cells`` require, then :func:`cell_scores`: ``(decisions, passed)``."""
+    decisions = decide(verdict, sorted({i for ids in cells.values() for i in ids}), machine)
+    return decisions, cell_scores(decisions, cells)
+
+
+def _said(entry) -> dict:
+    """What the verdict process said of one check, as plain bounded values (it wrote them in the sandbox)."""
+    if not isinstance(entry, dict):
+        return {"status": None}
+    return {"status": str(entry.get("status"))[:16], "reason": str(entry.get("reason"))[:32],
+            "measured": finite(entry.get("measured")), "threshold": finite(entry.get("threshold")),
+            "note": str(entry.get("note", ""))[:NOTE_CHARS]}
+
+
+def keep(course_root: Path, student: str, notebook: str, verdict: dict, decisions: dict[str, Decision]) -> Path:
+    """Write the grader's decisions, beside what the verdict process said, to
+    ``verdicts/<student>/<notebook>.json`` in the course root, where they stay after the batch."""
+    folder = Path(course_root) / "verdicts" / student
+    folder.mkdir(parents=True, exist_ok=True)
+    said = verdict.get("checks") if isinstance(verdict.get("checks"), dict) else {}
+    problems = verdict.get("problems") if isinstance(verdict.get("problems"), list) else []
+    kept = {"notebook": notebook, "decided": {c: asdict(d) for c, d in decisions.items()},
+            "verdict_process": {"checks": {c: _said(said.get(c)) for c in decisions},
+                                "rung": finite(verdict.get("rung")), "seconds": finite(verdict.get("seconds")),
+                                "problems": [str(p)[:NOTE_CHARS] for p in problems[:20]],
+                                "error": str(verdict.get("error") or "")[:NOTE_CHARS]}}
+    path = folder / f"{notebook}.json"
+    path.write_text(json.dumps(kept, indent=1))
+    return path
+
+
+def kept(course_root: Path, student: str, notebook: str) -> dict[str, dict]:
+    """The decisions :func:`keep` wrote (``{check: Decision fields}``; empty if none)."""
+    try:
+        return json.loads((Path(course_root) / "verdicts" / student / f"{notebook}.json").read_text())["decided"]
+    except (OSError, ValueError, KeyError):
+        return {}
 
 
 def record(gb, assignment: str, student: str, notebook: str, passed: dict[str, bool]) -> list[str]:

@@ -9,7 +9,9 @@ submissions built from the reference (so that what the attack alone costs or gai
   (after the tests) a fork storm.
 - ``cheater``: the kernel's own verdicts bent: 01 points the thresholds at a lenient copy
   (environment variables), halves its timing and types its profiler's top operators; 02 is the blank release with an input
-  transformer that turns every ``.require()`` cell into ``pass``; 06 types its five stages in.
+  transformer that turns every ``.require()`` cell into ``pass``, and carries code that writes the
+  verdict process's verdict itself (every 02 check a pass, its measurements short of the bars);
+  06 types its five stages in.
 - ``outsider``: reaches out of the kernel: 01's ``diagnose`` asks the network first; 02's
   ``make_fast_loader`` executes the master's solution from the course folder.
 - ``filler``: fills the disk it may write to (its results store).
@@ -199,6 +201,22 @@ os.unlink(_results / "held.bin")
 (_results / "code" / "02.py").write_text(BAIT)
 '''.replace("BAIT", repr(VERDICT_ROOT_BAIT))
 
+# Runs in the verdict process (as the carried code of 02, at load): writes its own verdict, every
+# check a pass, with measurements that miss this machine's bars, and lenient bars beside them.
+FORGED_VERDICT = r'''import json, os, pathlib, sys
+_spec = json.loads(pathlib.Path(sys.argv[1]).read_text())
+_said = {"status": "pass", "reason": "pass", "note": "forged by the submission"}
+pathlib.Path(_spec["out"]).write_text(json.dumps({"notebook": "02", "rung": 999.0, "problems": [], "checks": {
+    "02-loader-speedup": {**_said, "measured": 0.951, "threshold": 0.5},
+    "02-data-wait-share": {**_said, "measured": 0.5, "threshold": 0.9}}}))
+os._exit(0)
+'''
+
+# Runs in 02's kernel, after its checks kept their code: the verdict process loads the forger.
+CARRY_FORGER = r'''(ls.results.results_dir() / "code").mkdir(exist_ok=True)
+(ls.results.results_dir() / "code" / "02.py").write_text(FORGER)
+'''.replace("FORGER", repr(FORGED_VERDICT))
+
 ATTACKS = ("hostile", "cheater", "outsider", "filler", "sleeper", "lib")
 
 
@@ -220,6 +238,7 @@ def build(attack: str, ref: dict, plain: dict) -> dict:
         _insert_after(nb01, "top_operators", TYPED_TOP_OPERATORS)
         _insert_after(nb02, "setup", TRANSFORMER)
         _insert_after(nb06, "setup", FAKE_RECORDS)
+        nb02.cells.append(nbformat.v4.new_code_cell(CARRY_FORGER))
         return {"01_profile": nb01, "02_data_loading": nb02, "06_report": nb06}
     if attack == "outsider":
         nb01, nb02 = ref["01_profile"], ref["02_data_loading"]

@@ -118,13 +118,41 @@ def test_01_top_operators_by_total_time_in_the_wrong_unit_or_typed_fails(wrong):
 def test_01_trace_without_the_phase_labels_fails():
     path = ls.results.results_dir() / "traces" / "01-trace.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    events = [{"name": "aten::conv2d", "cat": "cpu_op"}, {"name": "forward", "cat": "user_annotation"},
-              {"name": "backward", "cat": "cpu_op"}]  # an operator named like a phase is not a label
+    events = [{"name": "forward", "cat": "user_annotation", "ts": 0, "dur": 10},
+              {"name": "aten::conv2d", "cat": "cpu_op", "ts": 1, "dur": 5},
+              {"name": "backward", "cat": "cpu_op", "ts": 11, "dur": 5}]  # an operator named like a phase is not a label
     path.write_text(json.dumps({"traceEvents": events}))
     found = checks.run("01", {}, only=("01-trace",))
     assert found["01-trace"].status == "pass"
     assert found["01-phases-labelled"].status == "fail" and found["01-phases-labelled"].measured == 1
     assert "'data wait', 'host to device', 'backward', 'optimizer'" in found["01-phases-labelled"].note
+
+
+def _step_trace(order=("data wait", "host to device", "forward", "backward", "optimizer"), hollow=()):
+    """One profiled step: each phase label (in ``order``) around the work its phase names, except
+    the ``hollow`` ones, which wrap nothing (their work runs after every label)."""
+    work = {"data wait": "enumerate(DataLoader)#__next__", "host to device": "aten::to",
+            "forward": "aten::conv2d", "backward": "autograd::engine::evaluate_function: ConvolutionBackward0",
+            "optimizer": "aten::_foreach_add_"}
+    events = [{"name": "ProfilerStep#2", "cat": "user_annotation", "ts": 0, "dur": 1000}]
+    for i, phase in enumerate(order):
+        events.append({"name": phase, "cat": "user_annotation", "ts": 10 + 100 * i, "dur": 50})
+        at = 900 + i if phase in hollow else 20 + 100 * i
+        events.append({"name": work[phase], "cat": "cpu_op", "ts": at, "dur": 1})
+    return events
+
+
+@pytest.mark.parametrize("case, measured, why", [
+    (dict(), 5, ""),
+    (dict(hollow=("forward", "backward", "optimizer")), 2, "wrap none of the work"),
+    (dict(hollow=("optimizer",)), 4, "'optimizer' wraps none"),
+    (dict(order=("data wait", "host to device", "backward", "forward", "optimizer")), 0, "not in the step's order"),
+], ids=["honest", "labels-around-nothing", "optimizer-outside", "out-of-order"])
+def test_01_each_phase_label_holds_the_work_it_names_in_one_step(case, measured, why):
+    from labsupport.grading.g01_profile import phases_holding_their_work
+
+    got, note = phases_holding_their_work(_step_trace(**case))
+    assert got == measured and why in note, (got, note)
 
 
 def test_01_trace_must_be_a_chrome_trace(tmp_path):
@@ -473,6 +501,24 @@ def test_05_on_a_gpu_older_than_compute_capability_7_compile_is_na_and_not_attem
     assert found["05-break-even"].status == "pass", found["05-break-even"]
     ns["break_even_steps"] = lambda c, e, k: c / (e - k)
     assert checks.run("05", ns, only=("05-break-even",))["05-break-even"].status == "fail"
+
+
+def test_05_break_even_cannot_read_the_expected_answer_from_the_checker():
+    """A break_even_steps that looks up the stack for the checker's expected answer finds none."""
+    import sys
+
+    from labsupport.grading import g05_compile
+
+    def peeking(c, e, k):
+        frame = sys._getframe(1)
+        while frame is not None:
+            found = [v for name, v in frame.f_locals.items() if name in ("want", "expected") and isinstance(v, float)]
+            if found:
+                return found[0]
+            frame = frame.f_back
+        return -1.0
+
+    assert len(g05_compile._break_even_errors(peeking, [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)])) == 2
 
 
 # 07 ------------------------------------------------------------------------------------------

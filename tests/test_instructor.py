@@ -630,6 +630,32 @@ def test_what_the_kernel_scored_itself_is_reported_not_recorded(graded):
 
 
 @needs_sandbox
+def test_the_grader_decides_what_the_verdict_process_says(graded):
+    """The cheater's 02 wrote its own verdict (every check a pass); the grader recomputed each
+    from its measurement and this machine's bar, kept both with the course, and the feedback and
+    grades_by_check.csv show the grader's table."""
+    import json
+
+    root = graded["root"]
+    kept = json.loads((root / "verdicts" / "cheater" / "02_data_loading.json").read_text())
+    assert {c: e["status"] for c, e in kept["verdict_process"]["checks"].items()} == \
+        {"02-loader-speedup": "pass", "02-data-wait-share": "pass"}
+    assert {c: (d["result"], d["reason"]) for c, d in kept["decided"].items()} == \
+        {"02-loader-speedup": ("fail", "below bar"), "02-data-wait-share": ("fail", "below bar")}
+    by_check = pd.read_csv(root / "grades_by_check.csv").fillna("")
+    ref = by_check[(by_check.student == "reference") & (by_check.check != "")]
+    assert set(ref.result) <= {"pass", "n/a"} and len(ref) == sum(len(c) for c in POINTS.values()) - 1  # analysis
+    row = by_check[(by_check.student == "cheater") & (by_check.cell == "test_loader_speedup")].iloc[0]
+    assert (row.check, row.result, row.reason, row.bar) == ("02-loader-speedup", "fail", "below bar", ">= 3"), row
+    page = (root / "feedback" / "cheater" / "lab" / "02_data_loading.html").read_text()
+    assert page.index("The grader's verdicts") < page.index("below bar") < page.index("student's self-check")
+    assert "forged by the submission" in page
+    table = grade.summary(graded["grades"])
+    assert table.loc["reference", "automatic max"] == sum(sum(c.values()) for c in POINTS.values()) - 4
+    assert table.loc["reference", "max"] == table.loc["reference", "automatic max"] + 4  # 06's analysis
+
+
+@needs_sandbox
 def test_floods_fills_and_sleepers_are_stopped(graded):
     root = graded["root"]
     flooded = root / "autograded" / "hostile" / "lab" / "01_profile.ipynb"

@@ -201,3 +201,185 @@ def test_a_student_id_never_names_a_folder_of_the_batch(tmp_path):
         work = grade.Folders(tmp_path / "sandbox" / "students" / course.check_student_id(student)).work
         assert (tmp_path / "sandbox" / "batch") not in (work, *work.parents)
         assert work.parent == tmp_path / "sandbox" / "students"
+
+
+# --- what root decides from a verdict -------------------------------------------------------------
+
+@pytest.fixture
+def judged(monkeypatch, tmp_path):
+    """This machine at the class's own scale (speed graded), with no calibration file."""
+    from labsupport import hardware
+
+    monkeypatch.delenv("LAB_PROFILE", raising=False)
+    monkeypatch.delenv("LAB_THRESHOLDS", raising=False)
+    monkeypatch.setenv("LAB_CALIBRATION", str(tmp_path / "none.toml"))
+    return hardware.describe_machine(hardware.pick_device())
+
+
+def _verdict(**checks):
+    return {"notebook": "02", "checks": {c.replace("_", "-"): e for c, e in checks.items()}}
+
+
+def test_a_pass_is_recomputed_from_the_measurement_and_the_bar(judged):
+    from autograder import verdicts
+
+    said = {"status": "pass", "reason": "pass", "threshold": 0.5, "note": "forged"}
+    found = verdicts.decide(_verdict(**{"02_loader_speedup": {**said, "measured": 0.951},
+                                        "02_data_wait_share": {**said, "measured": 0.05}}),
+                            ["02-loader-speedup", "02-data-wait-share"], judged)
+    speed, wait = found["02-loader-speedup"], found["02-data-wait-share"]
+    assert (speed.result, speed.reason, speed.bar) == ("fail", "below bar", ">= 3"), speed
+    assert (wait.result, wait.reason, wait.bar) == ("pass", "pass", "<= 0.1"), wait
+    # what could pass for a number, and is not one, passes nothing
+    for fake in ("9", float("nan"), float("inf"), True, None, [9], {"x": 9}):
+        got = verdicts.decide(_verdict(**{"02_loader_speedup": {**said, "measured": fake}}),
+                              ["02-loader-speedup"], judged)["02-loader-speedup"]
+        assert got.result == "fail" and got.reason == "not measured", (fake, got)
+
+
+def test_only_this_machine_says_what_does_not_apply(judged):
+    from autograder import verdicts
+
+    na = {"status": "n/a", "reason": "n/a", "measured": None, "note": "not applicable, says the verdict"}
+    found = verdicts.decide(_verdict(**{"02_loader_speedup": na, "03_amp_speedup": na}),
+                            ["02-loader-speedup", "03-amp-speedup"], judged)
+    assert found["02-loader-speedup"].result == "fail" and "has a bar (>= 3)" in found["02-loader-speedup"].note
+    expected = "n/a" if judged.device_class == "cpu" else "fail"  # 03's speed has no bar on class cpu only
+    assert found["03-amp-speedup"].result == expected, found["03-amp-speedup"]
+
+
+def test_a_failure_stands_and_a_missing_check_fails(judged):
+    from autograder import verdicts
+
+    found = verdicts.decide({"checks": {"02-loader-speedup": {"status": "fail", "reason": "incorrect",
+                                                              "measured": 50.0, "note": "pixels differ"},
+                                        "02-data-wait-share": {"status": "maybe", "reason": "pass"}}},
+                            ["02-loader-speedup", "02-data-wait-share", "01-trace"], judged)
+    assert [(d.result, d.reason) for d in found.values()] == [("fail", "incorrect"), ("fail", "error"),
+                                                              ("fail", "not run")]
+    assert verdicts.cell_scores(found, {"a": ["02-loader-speedup"], "b": [], "c": ["01-trace"]}) == \
+        {"a": False, "b": False, "c": False}
+    broken = verdicts.decide({"error": "the verdict process wrote no verdicts"}, ["01-trace"], judged)
+    assert broken["01-trace"].reason == "not run" and "wrote no verdicts" in broken["01-trace"].note
+
+
+def test_a_speedup_far_above_the_references_waits_for_a_person(judged, monkeypatch, tmp_path):
+    from autograder import verdicts
+    from labsupport import hardware
+
+    cal = tmp_path / "calibration.toml"
+    cal.write_text(f'[machine]\ndevice_class = "{judged.device_class}"\ndevice_name = "{judged.device_name}"\n'
+                   f'cpu_cores = {judged.cpu_cores}\n[calibration]\nprofile = "{hardware.profile_for(judged.profile).name}"\n'
+                   '[thresholds]\n"02-loader-speedup" = 3.0\n[measured]\n"02-loader-speedup" = [5.0, 5.5]\n')
+    monkeypatch.setenv("LAB_CALIBRATION", str(cal))
+    said = {"status": "pass", "reason": "pass", "note": ""}
+    got = {m: verdicts.decide(_verdict(**{"02_loader_speedup": {**said, "measured": m}}),
+                              ["02-loader-speedup"], judged)["02-loader-speedup"] for m in (12.0, 22.0, 2150.0)}
+    assert got[12.0].result == "pass"
+    for m in (22.0, 2150.0):
+        assert (got[m].result, got[m].reason) == ("review", "far above the reference") and not got[m].passed
+        assert "the reference's best (5.5)" in got[m].note, got[m].note
+    assert verdicts.cell_scores({"02-loader-speedup": got[22.0]}, {"t": ["02-loader-speedup"]}) == {"t": False}
+
+
+def test_the_verdict_kept_is_bounded_plain_data(judged, tmp_path):
+    import json
+
+    from autograder import verdicts
+
+    hostile = {"checks": {"02-loader-speedup": {"status": "pass", "measured": 4.0, "note": "x" * 10**6,
+                                                "reason": {"nested": [1, 2]}}, **{f"extra-{i}": {} for i in range(1000)}},
+               "problems": ["p" * 10**5] * 10**3, "rung": "fast", "seconds": float("nan")}
+    decided = verdicts.decide(hostile, ["02-loader-speedup"], judged)
+    path = verdicts.keep(tmp_path, "dana", "02_data_loading", hostile, decided)
+    kept = json.loads(path.read_text())
+    assert path.stat().st_size < 20_000 and kept["verdict_process"]["rung"] is None
+    assert list(kept["verdict_process"]["checks"]) == ["02-loader-speedup"]
+    assert verdicts.kept(tmp_path, "dana", "02_data_loading")["02-loader-speedup"]["result"] == "pass"
+
+
+def test_nbgrader_autograde_alone_refuses_to_grade(course_root):
+    """``nbgrader autograde`` with the course's config would let each kernel decide its own test
+    cells, unsandboxed: the config puts a stand-in where nbgrader's Execute runs, which refuses
+    and names the grader's command; ``python -m autograder grade`` swaps it for its sandboxed run."""
+    from nbgrader.converters import Autograde
+    from nbgrader.preprocessors import Execute
+
+    from autograder import grade
+
+    app = grade._app(Autograde, course_root)
+    standing = [pp for pp in app.autograde_preprocessors if getattr(pp, "replaced_by_the_grader", False)]
+    assert Execute not in app.autograde_preprocessors and len(standing) == 1
+    with pytest.raises(RuntimeError, match="python -m autograder grade"):
+        standing[0]().preprocess(None, {})
+
+
+# --- what the verdict process loads ---------------------------------------------------------------
+
+NAIVE_AS_ANSWER = '''
+def make_fast_loader(lab, split="train", augment=True):
+    return ls.pipeline.naive_loader(lab.profile, split=split, augment=augment)
+'''
+LOADED_WITH = {
+    # one decorator on the graded function, which bends the judge when the code is loaded
+    "decorator": '''
+import labsupport.grading as _grading
+
+
+def _kindly(fn):
+    _real = _grading.judge
+    _grading.judge = lambda check, measured, machine, **kw: _real(
+        check, measured, machine, **{**kw, "correct": True, "optimised": True})
+    return fn
+
+''' + NAIVE_AS_ANSWER.replace("\ndef make_fast_loader", "\n@_kindly\ndef make_fast_loader"),
+    # a library the baseline uses, slowed when the code is loaded (not while it is measured)
+    "slowed-library": '''
+import time
+
+import PIL.Image
+
+_open = PIL.Image.open
+
+
+def _slow_open(*args, **kwargs):
+    time.sleep(0.01)
+    return _open(*args, **kwargs)
+
+
+PIL.Image.open = _slow_open
+''' + NAIVE_AS_ANSWER,
+    # labsupport's own naive loader (the baseline) replaced when the code is loaded
+    "replaced-baseline": '''
+import labsupport.pipeline as _pipeline
+
+_naive = _pipeline.naive_loader
+_pipeline.naive_loader = lambda *args, **kwargs: _naive(*args, **kwargs)
+''' + NAIVE_AS_ANSWER,
+}
+
+
+@pytest.mark.parametrize("how", sorted(LOADED_WITH))
+def test_code_that_patches_what_measures_it_when_loaded_fails_every_check(how, tiny_data, tmp_path):
+    """The verdict process loads the carried code; code that, as it loads, replaces the judge, a
+    library the baseline runs or labsupport's baseline fails every check of its notebook, unrun."""
+    import json
+
+    from labsupport import grading
+
+    store = tmp_path / "store"
+    (store / "code").mkdir(parents=True)
+    (store / "code" / "02.py").write_text(LOADED_WITH[how])
+    spec = {"notebook": "02", "profile": "tiny", "thresholds": str(grading.thresholds_path()),
+            "calibration": None, "store": str(store), "report": str(tmp_path / "report.html"),
+            "data": str(tiny_data), "since": 0, "out": str(tmp_path / "verdict.json"), "inputs": None}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, "-m", "labsupport.grading.verdict", str(tmp_path / "spec.json")],
+                          capture_output=True, text=True, timeout=300)
+    verdict = json.loads((tmp_path / "verdict.json").read_text())
+    assert set(verdict["checks"]) == {"02-loader-speedup", "02-data-wait-share"}, done.stderr[-2000:]
+    for check, found in verdict["checks"].items():
+        assert found["status"] == "fail" and "when it was loaded" in found["note"], (check, found)
+    named = {"decorator": "labsupport.grading.judge", "slowed-library": "PIL.Image.open",
+             "replaced-baseline": "labsupport.pipeline.naive_loader"}[how]
+    assert named in verdict["problems"][0] and verdict["rung"] is None, verdict["problems"]

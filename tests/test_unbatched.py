@@ -13,7 +13,8 @@ graded here instead:
   them (what the later checks use: 03's precision and step, 05's compile);
 - this notebook's graded solution cells run in a namespace, and are carried too; the checks run on
   the carried code, as in the verdict process (labsupport/grading/verdict.py);
-- the test cells are scored from the checks each requires (verdicts.cell_scores), and the cells that
+- the test cells are scored as the grader scores them (verdicts.score: its decision on each check a
+  cell requires, from the measurement and this machine's bar), and the cells that
   score 0 must be exactly LOSES[scenario][notebook], the batch's own table.
 """
 
@@ -53,8 +54,9 @@ def test_scenario_notebook_loses_exactly_its_points(built, scenario, notebook, t
     lab = grading.grading_lab()
     number = notebook[:2]
     found = grading.run(number, dict(vars(carry.load(number, lab=lab))), lab=lab, keep=False)
-    passed = verdicts.cell_scores({"checks": {c: {"status": r.status} for c, r in found.items()}},
-                                  verdicts.checks_by_cell(course.COURSE_ROOT)[notebook])
+    said = {"checks": {c: {"status": r.status, "reason": r.reason, "measured": r.measured, "note": r.note}
+                       for c, r in found.items()}}
+    _, passed = verdicts.score(said, verdicts.checks_by_cell(course.COURSE_ROOT)[notebook], lab.machine)
     assert set(passed) == set(POINTS[notebook])
     lost = {cell for cell, ok in passed.items() if not ok}
     notes = {c: f"{r.status}: {r.note}" for c, r in found.items()}

@@ -47,6 +47,12 @@ class GradingSetupError(RuntimeError):
     """The thresholds or calibration file is missing or malformed; the message says how to fix it."""
 
 
+# What a check's result rests on (CheckResult.reason). "below bar": measured, on the wrong side of
+# the bar; "incorrect": its correctness partner failed; "not optimised": the optimisation is not in
+# the code; "not measured": nothing to compare; "error": the check (the student's code) raised.
+REASONS = ("pass", "n/a", "below bar", "incorrect", "not optimised", "not measured", "error")
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """The outcome of one graded check (Used by: every notebook's self-check and test cells)."""
@@ -59,6 +65,15 @@ class CheckResult:
     status: str  # "pass", "fail" or "n/a"
     note: str = ""  # why it failed or does not apply, including a failed correctness partner
     details: dict = field(default_factory=dict)  # what else was measured (for tables and results)
+    # Why, for programs (the grader, calibrate): one of REASONS. Left empty, it follows the status
+    # ("pass", "n/a"; a failure is then an "error": the check's code raised).
+    reason: str = ""
+
+    def __post_init__(self):
+        if not self.reason:
+            object.__setattr__(self, "reason", {"pass": "pass", "n/a": "n/a"}.get(self.status, "error"))
+        if self.reason not in REASONS:
+            raise ValueError(f"{self.check}: reason {self.reason!r} is not one of {REASONS}")
 
     @property
     def passed(self) -> bool:
@@ -98,10 +113,9 @@ def _read_toml(path: Path, what: str) -> dict:
 def threshold_for(check: str, machine: dict) -> tuple[float | None, str, str]:
     """The bar for ``check`` on ``machine``: ``(threshold or None, better, why-not-applicable)``.
 
-    A calibration file applies only to the machine it was measured on (same device class, device
-    name and, where the file records them, CPU cores: ``grade --jobs`` grades each submission on a
-    share of the cores) and at the profile it was measured at (a bar eased for ``LAB_PROFILE=tiny``
-    says nothing of the class's own scale); anywhere else the class defaults apply.
+    The class default of thresholds.toml, unless a calibration file measured on this machine at
+    this profile (:func:`calibration_for`) says otherwise. The judge, the self-check, the grader's
+    recomputation and calibrate all take a bar from here.
     """
     checks = _read_toml(thresholds_path(), "thresholds").get("checks", {})
     if check not in checks:
@@ -114,21 +128,43 @@ def threshold_for(check: str, machine: dict) -> tuple[float | None, str, str]:
                                 f"device class {cls!r}.")
     if value == "n/a":
         return None, spec["better"], spec.get("na", {}).get(cls, "not applicable on " + cls)
-    calibration = calibration_path()
-    if calibration.exists():
-        cal = _read_toml(calibration, "calibration")
-        measured_on = cal.get("machine", {})
-        keys = ("device_class", "device_name") + (("cpu_cores",) if "cpu_cores" in measured_on else ())
-        same = all(measured_on.get(k) == machine.get(k) for k in keys)
-        at = cal.get("calibration", {}).get("profile")
-        if at is not None and machine.get("profile") is not None:
-            same = same and at == hardware.profile_for(machine["profile"]).name
-        if same and check in cal.get("thresholds", {}):
-            value = cal["thresholds"][check]
-            if value == "n/a":  # the reference itself cannot clear a meaningful bar here
-                return None, spec["better"], cal.get("na", {}).get(
-                    check, f"not applicable on this machine (calibration file {calibration})")
+    cal = calibration_for(machine)
+    if cal is not None and check in cal.get("thresholds", {}):
+        value = cal["thresholds"][check]
+        if value == "n/a":  # the reference itself cannot clear a meaningful bar here
+            return None, spec["better"], cal.get("na", {}).get(
+                check, f"not applicable on this machine (calibration file {calibration_path()})")
     return float(value), spec["better"], ""
+
+
+def calibration_for(machine: dict) -> dict | None:
+    """The calibration file's contents if it was measured on ``machine`` at its profile, else None.
+
+    A calibration file applies only to the machine it was measured on (same device class, device
+    name and, where the file records them, CPU cores: ``grade --jobs`` grades each submission on a
+    share of the cores) and at the profile it was measured at (a bar eased for ``LAB_PROFILE=tiny``
+    says nothing of the class's own scale).
+    """
+    calibration = calibration_path()
+    if not calibration.exists():
+        return None
+    cal = _read_toml(calibration, "calibration")
+    measured_on = cal.get("machine", {})
+    keys = ("device_class", "device_name") + (("cpu_cores",) if "cpu_cores" in measured_on else ())
+    if not all(measured_on.get(k) == machine.get(k) for k in keys):
+        return None
+    at = cal.get("calibration", {}).get("profile")
+    if at is not None and machine.get("profile") is not None \
+            and at != hardware.profile_for(machine["profile"]).name:
+        return None
+    return cal
+
+
+def reference_runs(check: str, machine: dict) -> list[float]:
+    """What the reference measured for ``check`` on ``machine`` when it was calibrated (none if it
+    was not calibrated there): the grader holds a result far beyond these for a person."""
+    cal = calibration_for(machine) or {}
+    return [float(v) for v in cal.get("measured", {}).get(check, [])]
 
 
 def judge(check: str, measured: float | None, machine: dict, *, correct: bool = True,
@@ -149,17 +185,23 @@ def judge(check: str, measured: float | None, machine: dict, *, correct: bool = 
     details = details or {}
     if not correct:  # before n/a: a check that cannot apply here still needs working code
         return CheckResult(check, measured, threshold, better, cls, "fail",
-                           f"correctness check failed: {why_incorrect}", details)
+                           f"correctness check failed: {why_incorrect}", details, "incorrect")
     if not optimised:
         return CheckResult(check, measured, threshold, better, cls, "fail",
-                           f"not optimised: {why_not_optimised}", details)
+                           f"not optimised: {why_not_optimised}", details, "not optimised")
     if threshold is None:
         return CheckResult(check, measured, None, better, cls, "n/a", not_applicable, details)
     if measured is None:
-        return CheckResult(check, None, threshold, better, cls, "fail", note or "nothing measured", details)
-    ok = measured >= threshold if better == "higher" else measured <= threshold
+        return CheckResult(check, None, threshold, better, cls, "fail", note or "nothing measured", details,
+                           "not measured")
+    ok = passes(float(measured), threshold, better)
     return CheckResult(check, float(measured), threshold, better, cls, "pass" if ok else "fail", note,
-                       details)
+                       details, "pass" if ok else "below bar")
+
+
+def passes(measured: float, threshold: float, better: str) -> bool:
+    """Whether ``measured`` is on the right side of ``threshold`` (the judge's and the grader's rule)."""
+    return measured >= threshold if better == "higher" else measured <= threshold
 
 
 def fresh() -> ModuleType:
@@ -297,13 +339,15 @@ def written_now(path: Path, cell: str) -> Path:
 
 
 def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
-        skip: tuple[str, ...] = (), lab: hardware.Lab | None = None, keep: bool = True) -> dict[str, CheckResult]:
+        skip: tuple[str, ...] = (), lab: hardware.Lab | None = None, keep: bool = True,
+        tampered: str = "") -> dict[str, CheckResult]:
     """Run notebook ``number``'s graded checks on the code in ``namespace`` (Used by: 01-06).
 
     Returns ``{check id: CheckResult}``. A check whose code raised fails with the error as its
     note; the other checks still run. ``only`` / ``skip`` select checks by id (a notebook may
     grade an expensive check where it is taught, and the rest at the end). With ``keep``, the
     notebook's graded functions, as just measured, are kept for later notebooks (:mod:`labsupport.carry`).
+    ``tampered`` (why the code cannot be measured) fails every check with that note, unrun.
     """
     nb = notebooks.get(number)
     importlib.import_module(f".{module_name(number)}", __name__)  # registers the notebook's checks
@@ -314,6 +358,8 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
         if (only is not None and not set(ids) & set(only)) or set(ids) <= set(skip):
             continue
         try:
+            if tampered:  # the code was caught bending what measures it before any check ran
+                raise StudentCodeError(tampered)
             found = fn(namespace, lab)
         except Exception as err:  # the student's code, whatever it raised, costs this check only
             why = f"{type(err).__name__}: {err}"
@@ -331,24 +377,34 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
     return out
 
 
-# What the baseline and the clocks run: the module functions and the methods of the classes a
-# graded measurement goes through, which the libraries themselves leave alone once imported. (Not
-# torch.nn.Module or the optimizers: torch.compile and torch.optim patch those on their own.) A
-# graded function that replaces one, to slow the naive loader or step it is compared with or to
-# fake a clock, fails the check it was measured in.
+# What the baseline, the clocks and the judge run: the module functions and the methods of the
+# classes a graded measurement goes through, which the libraries themselves leave alone once
+# imported, and labsupport's own modules. (Not torch.nn.Module or the optimizers: torch.compile and
+# torch.optim patch those on their own.) A graded function that replaces one, to slow the naive
+# loader or step it is compared with, fake a clock or bend the judge, fails the check it was
+# measured in; carried code that replaces one when it is loaded fails every check of its notebook.
 _LIBRARY_MODULES = ("time", "torch", "torch.nn.functional", "torch.utils.data",
-                    "torchvision.transforms.v2.functional", "torchvision.io", "PIL.Image", "numpy")
+                    "torchvision.transforms.v2.functional", "torchvision.io", "PIL.Image", "numpy",
+                    "builtins", "json", "os")
 _LIBRARY_CLASSES = (("torch", "Tensor"), ("torch.nn", "Conv2d"), ("torch.nn", "BatchNorm2d"),
-                    ("torch.nn", "Linear"), ("torch.utils.data", "DataLoader"), ("PIL.Image", "Image"))
+                    ("torch.nn", "Linear"), ("torch.utils.data", "DataLoader"), ("PIL.Image", "Image"),
+                    ("pathlib", "Path"))
+# IPython rebinds these builtins itself (the last results shown), whatever the student's code does.
+_REBOUND_BY_IPYTHON = {"_", "__", "___"}
+_LABSUPPORT = __name__.rpartition(".")[0]  # "labsupport", or a fresh() copy's private name
 
 
 def library_functions() -> dict[tuple[object, str], object]:
-    """``{(module or class, attribute): function}`` for the watched libraries, as they are now."""
+    """``{(module or class, attribute): function}`` for the watched libraries, as they are now:
+    the ones above, and every module of this labsupport (its baseline, clocks, judge, partners)."""
     owners = [sys.modules[m] for m in _LIBRARY_MODULES if m in sys.modules]
+    owners += [module for name, module in list(sys.modules.items())
+               if name == _LABSUPPORT or name.startswith(_LABSUPPORT + ".")]
     owners += [getattr(sys.modules[m], c) for m, c in _LIBRARY_CLASSES
                if m in sys.modules and hasattr(sys.modules[m], c)]
     return {(owner, name): value for owner in owners for name, value in list(vars(owner).items())
-            if callable(value) or isinstance(value, (staticmethod, classmethod))}
+            if (callable(value) or isinstance(value, (staticmethod, classmethod)))
+            and not (owner is sys.modules["builtins"] and name in _REBOUND_BY_IPYTHON)}
 
 
 def restore_library_functions(before: dict[tuple[object, str], object]) -> list[str]:

@@ -4,7 +4,9 @@
 - ``01-throughput-sync``: on CUDA it times the kernels, not their launches.
 - ``01-diagnose``: ``diagnose`` names the bottleneck of crafted breakdowns and of this machine's.
 - ``01-trace``: the torch.profiler trace was written by this kernel and holds convolutions.
-- ``01-phases-labelled``: the trace labels the five phases of a step with ``record_function``.
+- ``01-phases-labelled``: the trace labels the five phases of one step with ``record_function``, in
+  order, each around the work it names (the forward its convolutions, the backward its
+  ``*_backward`` operators, the optimizer its update).
 - ``01-top-operators``: ``top_operators`` reads the operators taking the most self time from
   ``key_averages()``, as the profiler's own table sorts them, on a profile taken now.
 """
@@ -133,15 +135,73 @@ def trace(namespace, lab):
     except (ValueError, KeyError, TypeError) as err:
         raise StudentCodeError(f"{path} is not a Chrome trace ({err}); export it with "
                                "prof.export_chrome_trace(path).") from None
+    if not isinstance(events, list):
+        raise StudentCodeError(f"{path} is not a Chrome trace (traceEvents is not a list); export it "
+                               "with prof.export_chrome_trace(path).")
+    events = [e for e in events if isinstance(e, dict)]
     convs = sum(1 for e in events if "conv" in str(e.get("name", "")).lower())
-    labels = {str(e.get("name")) for e in events if e.get("cat") == "user_annotation"}
-    missing = [p for p in train.PHASES if p not in labels]
+    labelled, why = phases_holding_their_work(events)
     return [judge("01-trace", convs, lab.machine.as_dict(),
                   note=f"{len(events)} events, {convs} of them convolutions"),
-            judge("01-phases-labelled", len(train.PHASES) - len(missing), lab.machine.as_dict(),
-                  note=(f"no record_function label for {', '.join(map(repr, missing))} in the trace; "
-                        f"label each phase of the profiled step with ls.train.PHASES' names"
-                        if missing else "every phase of the step is labelled"))]
+            judge("01-phases-labelled", labelled, lab.machine.as_dict(),
+                  note=why or "every phase of one step is labelled, in order, around the work it names")]
+
+
+# What a labelled phase must hold (an operator or label starting inside it whose name contains one
+# of these, lower-cased): the work it names. "data wait" and "host to device" may hold no operator
+# (on a CPU the copy to the device is nothing).
+PHASE_WORK = {"forward": ("conv",), "backward": ("backward",),
+              "optimizer": ("optimizer.step#", "_foreach_", "aten::add_", "aten::mul_", "aten::addcmul_",
+                            "aten::lerp_")}
+
+
+def _span(event) -> tuple[float, float] | None:
+    try:
+        start, dur = float(event.get("ts")), float(event.get("dur", 0.0))
+    except (TypeError, ValueError):
+        return None
+    return start, start + max(dur, 0.0)
+
+
+def phases_holding_their_work(events: list[dict]) -> tuple[int, str]:
+    """``(phases, why)``: how many of train.PHASES one profiled step labels with record_function,
+    in order, each around the work it names (PHASE_WORK), in the step that does best; ``why``
+    says what is missing there ("" when all five are). A step is a ``ProfilerStep#N`` span (the
+    whole trace where there is none); the first label of each phase in it counts."""
+    import bisect
+
+    spans = [(s, str(e.get("name", "")), str(e.get("cat", ""))) for e in events
+             for s in [_span(e)] if s is not None]
+    work = sorted((start, name.lower()) for (start, _), name, cat in spans if cat != "user_annotation"
+                  or name.startswith("Optimizer."))
+    starts = [w[0] for w in work]
+    steps = [s for s, name, cat in spans if cat == "user_annotation" and name.startswith("ProfilerStep#")]
+    steps = steps or [(-float("inf"), float("inf"))]
+    labels = sorted((s, name) for s, name, cat in spans if cat == "user_annotation" and name in train.PHASES)
+    best = (-1, "")
+    for lo, hi in steps:
+        first = {}
+        for (start, end), name in labels:
+            if lo <= start <= hi and name not in first:
+                first[name] = (start, end)
+        missing = [p for p in train.PHASES if p not in first]
+        empty = [p for p, (start, end) in first.items() if p in PHASE_WORK and not any(
+            any(k in name for k in PHASE_WORK[p])
+            for _, name in work[bisect.bisect_left(starts, start):bisect.bisect_right(starts, end)])]
+        order = [p for p in train.PHASES if p in first]
+        ordered = all(first[a][1] <= first[b][0] for a, b in zip(order, order[1:]))
+        good = 0 if not ordered else len(first) - len(empty)
+        why = "; ".join(filter(None, [
+            missing and f"no record_function label for {', '.join(map(repr, missing))} in the trace; label each "
+                        "phase of the profiled step with ls.train.PHASES' names",
+            empty and f"{', '.join(map(repr, empty))} wrap{'s' if len(empty) == 1 else ''} none of the work "
+                      f"{'it names' if len(empty) == 1 else 'they name'} (the forward its convolutions, the backward "
+                      "its *_backward operators, the optimizer its update): put the step's own code inside the labels",
+            not ordered and f"the labels are not in the step's order ({', '.join(sorted(first, key=first.get))}, "
+                            "by start time, overlapping"
+                            " or not one after the other): label one step as it runs"]))
+        best = max(best, (good, why), key=lambda b: b[0])
+    return best
 
 
 def _self_time_us(event, device: torch.device) -> float:

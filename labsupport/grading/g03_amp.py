@@ -87,7 +87,8 @@ def amp_accuracy(namespace, lab):
         return [CheckResult("03-accuracy-gap", None, None, "lower", lab.machine.device_class,
                             "n/a" if ok else "fail",
                             f"profile {lab.profile.name} trains too briefly to compare accuracy; your step "
-                            "trains every layer" if ok else f"correctness check failed: {why}", {})]
+                            "trains every layer" if ok else f"correctness check failed: {why}", {},
+                            "n/a" if ok else "incorrect")]
     steps = train.PARITY_STEPS
     kw = dict(steps=steps, batch_size=train.PARITY_BATCH_SIZE, seed=lab.seed)
     fp32_acc = train.parity_run(train.make_step(train.StepConfig(), lab.device, seed=lab.seed), xt, yt, xv, yv, **kw)

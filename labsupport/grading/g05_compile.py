@@ -84,11 +84,14 @@ def compile_inference(namespace, lab):
 
 
 def _break_even_errors(break_even, cases) -> list[str]:
-    """What ``break_even`` gets wrong on ``cases`` of (compile s, eager ms, compiled ms)."""
+    """What ``break_even`` gets wrong on ``cases`` of (compile s, eager ms, compiled ms).
+
+    Every answer is taken before any expected one is computed: no frame the student's function
+    can read holds the expected answer."""
+    answers = [float(break_even(c, e, k)) for c, e, k in cases]
     wrong = []
-    for c, e, k in cases:
+    for (c, e, k), got in zip(cases, answers):
         want = math.inf if k >= e else c * 1000 / (e - k)
-        got = float(break_even(c, e, k))
         if not (got == want or (math.isfinite(want) and abs(got - want) <= 0.01 * want + 1)):
             wrong.append(f"break_even_steps({c:.1f}, {e:.1f}, {k:.1f}) = {got:.4g}, expected {want:.4g}")
     return wrong

@@ -9,7 +9,8 @@ What the student's kernel printed, stored or scored is not read: this process
 2. imports labsupport, which binds its clocks now, before any student code runs;
 3. loads the notebook's graded functions as the kernel's checks carried them forward
    (``code/<NN>.py``, which the grader took from the kernel into the read-only ``inputs`` folder
-   and this process copies into the grader's store), and nothing else of the kernel;
+   and this process copies into the grader's store), and nothing else of the kernel; code that
+   replaces a watched library or labsupport function while it loads fails every check;
 4. runs the notebook's checks, and measures its rung of 06's ladder into the grader's store
    (:mod:`.rungs`), which 06's checks read;
 5. writes the verdicts as JSON to the spec's ``out``.
@@ -45,16 +46,22 @@ def main(argv: list[str] | None = None) -> int:
     lab = grading.grading_lab()
     hardware.quiet_library_logs(lab.device)  # 01's checks profile: no kineto lines in what a failure quotes
     out = {"notebook": number, "checks": {}, "rung": None, "problems": []}
+    libraries = grading.library_functions()
     try:
         namespace = dict(vars(carry.load(number, lab=lab)))
     except carry.CarryError as err:
         namespace = {}
         out["problems"].append(str(err))
-    found = grading.run(number, namespace, lab=lab, keep=False)
+    patched = grading.restore_library_functions(libraries)
+    tampered = (f"your code replaced {', '.join(patched[:3])} when it was loaded: graded code must not "
+                "patch libraries or labsupport (the originals are back)") if patched else ""
+    if tampered:
+        out["problems"].append(tampered)
+    found = grading.run(number, namespace, lab=lab, keep=False, tampered=tampered)
     grading.keep_checks(number, found.values())
-    out["checks"] = {c: {"status": r.status, "measured": r.measured, "threshold": r.threshold,
-                         "note": r.note} for c, r in found.items()}
-    if namespace:
+    out["checks"] = {c: {"status": r.status, "reason": r.reason, "measured": r.measured,
+                         "threshold": r.threshold, "note": r.note} for c, r in found.items()}
+    if namespace and not tampered:
         try:
             rung = rungs.measure(number, namespace, lab, found)
             out["rung"] = None if rung is None else round(float(rung["samples_per_s"]), 3)
