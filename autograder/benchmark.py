@@ -1,4 +1,5 @@
-"""``benchmark``: the reference's speed and memory checks, measured N times on this machine.
+"""``benchmark``: the reference's speed and memory checks, measured N times on this machine; and
+with ``--grading``, the time ``grade`` takes on the reference submission, notebook by notebook.
 
 Speed targets belong here, not in tests: a test asserts what grading promises (the reference
 passes after ``calibrate`` on this machine, cheats fail, correctness partners hold), while this
@@ -62,3 +63,63 @@ def benchmark(runs: int = 5, course_root: Path = COURSE_ROOT, out: Path | None =
     out.write_text(head + body + ("\n\nProblems:" + notes if notes else "") + "\n")
     return out, frame
 
+
+
+def grading_time(notebooks: tuple[str, ...] | None = None, course_root: Path = COURSE_ROOT,
+                 out: Path | None = None) -> tuple[Path, pd.DataFrame]:
+    """Grade the reference submission (all graded notebooks, or ``notebooks`` such as ``("02",)``)
+    in a temporary copy of the course, as ``grade`` grades a student, and time it.
+
+    One row per notebook: its kernel (nbgrader's autograde in the sandbox), its verdict process,
+    the rest of its grading (edited-cell comparison, sandbox set-up, gradebook), and a last row
+    for what follows the notebooks (feedback, copying out, export). Written to
+    ``build/grading-time-<device class>.txt`` (or ``out``).
+    """
+    import shutil
+    import tempfile
+    import time
+
+    import nbformat
+
+    from labsupport.hardware import describe_machine, profile_for
+
+    from . import course, grade, reference, release
+
+    machine = describe_machine()
+    with tempfile.TemporaryDirectory(prefix="lab-grading-time-") as tmp:
+        root = Path(tmp) / "course"
+        root.mkdir()
+        shutil.copyfile(Path(course_root) / course.CONFIG_NAME, root / course.CONFIG_NAME)
+        shutil.copytree(course.source_dir(course_root), root / "source",
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        mine, theirs = course.calibration_file(course_root), course.calibration_file(root)
+        if mine.is_file() and mine != theirs:  # (LAB_CALIBRATION names one file for both)
+            shutil.copyfile(mine, theirs)
+        released = release.generate(root)
+        read = lambda folder: {p.stem: nbformat.read(p, as_version=4) for p in sorted(folder.glob("*.ipynb"))}
+        handed_in = reference.submission(read(released), read(root / "source" / released.name))
+        folder = root / "submitted" / "reference" / released.name
+        folder.mkdir(parents=True)
+        graded = {p.stem for p in course.graded_masters(root)}
+        for name, nb in handed_in.items():
+            if name in graded and (notebooks is None or name[:2] in notebooks):
+                nbformat.write(nb, folder / f"{name}.ipynb")
+        started = time.perf_counter()
+        grades = grade.grade(root, ["reference"], progress=False)
+        total = time.perf_counter() - started
+    rows = [{"notebook": g.notebook, "score": f"{g.score:g}/{g.max_score:g}", "kernel s": g.seconds,
+             "verdict s": g.verdict_s, "other s": g.wall_s - g.seconds - g.verdict_s, "total s": g.wall_s}
+            for g in grades if g.status != "missing"]
+    inside = sum(r["total s"] for r in rows)
+    rows.append({"notebook": "after the notebooks", "score": "", "kernel s": 0.0, "verdict s": 0.0,
+                 "other s": total - inside, "total s": total - inside})
+    frame = pd.DataFrame(rows).set_index("notebook")
+    out = Path(out) if out else REPO_ROOT / "build" / f"grading-time-{machine.device_class}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    head = (f"Grading the reference submission ({', '.join(notebooks) if notebooks else 'every graded notebook'}), "
+            f"{dt.datetime.now().isoformat(timespec='minutes')}: "
+            f"{machine.cpu_model if machine.device == 'cpu' else machine.device_name}, class {machine.device_class}, "
+            f"profile {profile_for(machine.profile).name}, {machine.cpu_cores} cores: {total:.0f} s in all "
+            f"({total / 60:.1f} min)\n\n")
+    out.write_text(head + frame.to_string(float_format=lambda v: f"{v:.1f}") + "\n")
+    return out, frame

@@ -166,9 +166,13 @@ def cmd_benchmark(args) -> int:
 
     from . import benchmark
 
-    path, table = benchmark.benchmark(args.runs, args.course, args.output)
-    with pd.option_context("display.width", 200):
-        print(table.to_string(float_format=lambda v: f"{v:.3g}"))
+    if args.grading:
+        path, table = benchmark.grading_time(tuple(args.notebooks) or None, args.course, args.output)
+        print(path.read_text())
+    else:
+        path, table = benchmark.benchmark(args.runs, args.course, args.output)
+        with pd.option_context("display.width", 200):
+            print(table.to_string(float_format=lambda v: f"{v:.3g}"))
     print(f"\nwrote {shown(path)}")
     return 0
 
@@ -293,6 +297,12 @@ def parser() -> argparse.ArgumentParser:
                     "the table also goes to build/benchmark-<class>.txt. Writes no calibration.")
     ben.add_argument("--runs", type=int, default=5, help="runs of the reference (default: %(default)s)")
     ben.add_argument("--output", type=Path, default=None, help="where the table goes")
+    ben.add_argument("--grading", action="store_true",
+                     help="instead, grade the reference submission in a temporary course (as `grade` does, "
+                          "in its sandbox) and print the time per notebook: kernel, verdict process, the rest; "
+                          "build/grading-time-<class>.txt")
+    ben.add_argument("notebooks", nargs="*", metavar="NN",
+                     help="with --grading, only these notebooks (e.g. 02); default: all graded ones")
     ben.set_defaults(func=cmd_benchmark)
     rep = sub.add_parser(
         "report", help="export a student's or the reference's report, or the class summary, as HTML",

@@ -79,6 +79,7 @@ class NotebookGrade:
     kernel_disagreed: list[str] = field(default_factory=list)  # test cells the kernel scored otherwise
     repaired: list[str] = field(default_factory=list)  # gradebook entries put back after this notebook
     review: list[str] = field(default_factory=list)  # checks held for a person, with their figures
+    wall_s: float = 0.0  # this notebook's grading from start to recorded: kernel, verdict and the rest
     auto_max_score: float = 0.0  # the points the grader decides (max_score less the manual ones)
 
 
@@ -459,6 +460,7 @@ def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, fold
                     f"not run: the submission used its {batch.submission_budget_s:.0f} s of grading "
                     "(all notebooks and verdicts together)"]))
                 continue
+            began = time.perf_counter()
             try:
                 edited = edited_cells(path, name, course_root)
             except Exception as err:  # an unreadable notebook: autograde reports it below
@@ -519,7 +521,8 @@ def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, fold
                                         verdict_s=float(verdicts.finite(found.get("seconds")) or 0.0),
                                         kernel_disagreed=disagreed,
                                         review=[f"{d.check}: {d.note}" for d in decisions.values()
-                                                if d.result == "review"]))
+                                                if d.result == "review"],
+                                        wall_s=time.perf_counter() - began))
     return grades, before
 
 

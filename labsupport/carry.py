@@ -121,11 +121,25 @@ def _import_line(name: str, obj) -> str | None:
     return None
 
 
+def _literal(obj) -> bool:
+    """True for a constant that its repr rebuilds: numbers, strings, bytes, None, and tuples, lists,
+    sets and dicts of them (``SPLITS = ("train",)``, ``MEAN = [0.5, 0.5, 0.5]``)."""
+    if isinstance(obj, (bool, int, float, complex, str, bytes, type(None))):
+        return True
+    if not isinstance(obj, (tuple, list, set, dict)):
+        return False
+    try:
+        return ast.literal_eval(repr(obj)) == obj
+    except (ValueError, SyntaxError, TypeError, RecursionError):
+        return False
+
+
 def source_of(names, namespace: dict) -> tuple[str, list[str]]:
     """Python source that defines ``names`` as they are in ``namespace``, and what could not be carried.
 
     Functions and classes defined in the notebook come with their source; the modules, library
-    functions and constants (numbers, strings, dtypes) they use come as imports and assignments.
+    functions and constants (numbers, strings, dtypes, and tuples, lists, sets and dicts of them)
+    they use come as imports and assignments.
     Anything else (a tensor, a model object) is listed as not carried: define it inside the function.
     """
     imports: dict[str, str] = {}
@@ -154,7 +168,7 @@ def source_of(names, namespace: dict) -> tuple[str, list[str]]:
             todo += sorted((used | _header_names(source)) - seen)
         elif (line := _import_line(name, obj)) is not None:
             imports[name] = line
-        elif isinstance(obj, (bool, int, float, str, type(None))) or type(obj).__name__ == "dtype":
+        elif _literal(obj) or type(obj).__name__ == "dtype":
             constants[name] = f"{name} = {obj!r}"
             if type(obj).__name__ == "dtype":
                 imports.setdefault("torch", "import torch")
@@ -186,6 +200,13 @@ def keep(number: str, namespace: dict, directory: Path | None = None) -> Path:
     for problem in problems:
         print(f"note: your code from {nb.file} cannot be used by later notebooks as it is: {problem}")
     return path
+
+
+def problems(number: str, namespace: dict) -> list[str]:
+    """What of notebook ``number``'s graded code in ``namespace`` cannot be carried forward (empty
+    if all of it can): the names later notebooks and the grader would not get back."""
+    nb = notebooks.get(number)
+    return source_of([n for n in nb.graded if n in namespace], namespace)[1]
 
 
 def load(number: str, *, lab=None, directory: Path | None = None) -> types.SimpleNamespace:

@@ -30,6 +30,8 @@ import logging
 import warnings
 from collections.abc import Iterator
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock
@@ -223,6 +225,46 @@ def zipped_bytes(model: nn.Module) -> int:
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
     return len(zlib.compress(buffer.getvalue(), 1))
+
+
+@dataclass(frozen=True)
+class ComputedWith:
+    """What a model's forward read that existed before the call: the weights it computes with."""
+
+    bytes: int  # of those tensors' storages, each counted once
+    int8_elements: int  # of those that are int8
+
+
+def computed_with(model, batch: torch.Tensor) -> ComputedWith:
+    """The tensors one forward of ``model`` on ``batch`` reads that it did not make: its weights,
+    as its operators see them (Used by: 07's int8 check).
+
+    Read through a TorchDispatchMode, which sees every operator's tensor arguments, whatever holds
+    them (parameters, buffers, plain attributes, a closure): a model that keeps int8 copies as
+    attributes while an fp32 model does the computing reads fp32 weights here. The batch itself,
+    and every tensor an operator of the forward returned, are not counted.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    read, made = {}, {batch.untyped_storage().data_ptr()}
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            for t in tree_flatten((args, kwargs or {}))[0]:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    storage = t.untyped_storage()
+                    read.setdefault(storage.data_ptr(), (storage.nbytes(), t.dtype, storage.nbytes() // t.element_size()))
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    made.add(t.untyped_storage().data_ptr())
+            return out
+
+    with quiet(), torch.no_grad(), Reads():
+        model(batch)
+    weights = [v for ptr, v in read.items() if ptr not in made and ptr != 0]
+    return ComputedWith(sum(n for n, _, _ in weights), sum(k for _, dtype, k in weights if dtype == torch.int8))
 
 
 def int8_elements(model: nn.Module) -> int:

@@ -29,6 +29,8 @@ they follow the masters whenever the lab changes:
   recomputation, 07 makes its pruning permanent before the fine-tune).
 - ``patched-baseline``: the reference 02, plus a cell that slows ``PIL.Image.open``, which the
   naive loader (the baseline of the speedup) reads every image with.
+- ``variant``: a correct 02 written differently from the master (module-level constants and a
+  helper class beside the graded function, which only builds it).
 - the attacks on the grader in ``attacks.py``: ``hostile``, ``cheater``, ``outsider``, ``filler``,
   ``sleeper``.
 """
@@ -36,14 +38,13 @@ they follow the masters whenever the lab changes:
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 
 import nbformat
 
 import attacks
 
-SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$\n?", re.MULTILINE)
+from autograder import reference as answers
 
 
 def _by_id(nb, grade_id: str):
@@ -77,15 +78,7 @@ PATCH_BASELINE = (
 
 def reference(release: dict, masters: dict) -> dict:
     """The release with every solution cell (code and written answers) from the master."""
-    out = {}
-    for name, nb in release.items():
-        nb = copy.deepcopy(nb)
-        for cell in nb.cells:
-            meta = cell.metadata.get("nbgrader", {})
-            if meta.get("solution"):
-                cell.source = SOLUTION_MARKERS.sub("", _by_id(masters[name], meta["grade_id"]).source)
-        out[name] = nb
-    return out
+    return answers.submission(release, masters)
 
 
 def build(scenario: str, release: dict, masters: dict) -> dict:
@@ -302,14 +295,63 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
         nbs = {"02_data_loading": ref["02_data_loading"]}
         _insert_after(nbs["02_data_loading"], "make_fast_loader", PATCH_BASELINE)
         return nbs
+    if scenario == "variant":
+        nbs = {"02_data_loading": ref["02_data_loading"]}
+        _by_id(nbs["02_data_loading"], "make_fast_loader").source = VARIANT_HELPERS + "\n\n" + VARIANT_LOADER
+        return nbs
     if scenario in attacks.ATTACKS:
         return attacks.build(scenario, ref, plain)
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
+# A correct 02 written as many students write it: constants and a helper class at module level
+# beside the graded function, which only builds it.
+VARIANT_HELPERS = '''import torch
+
+SHUFFLED_SPLITS = ("train",)  # the split whose order changes every epoch
+PINNED = torch.cuda.is_available()
+
+
+class DecodedBatches:
+    """Decode a split once; serve batches made with tensor ops on the training device."""
+
+    def __init__(self, lab, split, augment):
+        self.lab, self.augment = lab, augment
+        self.images, self.labels = ls.pipeline.decode_once(split, size=None if augment else lab.profile.image_size)
+        self.shuffle = split in SHUFFLED_SPLITS
+        self.order = torch.Generator().manual_seed(lab.seed)
+        self.random = torch.Generator(lab.device).manual_seed(lab.seed)
+
+    def _take(self, cache, idx):
+        if not PINNED or self.lab.device.type != "cuda":
+            return cache.index_select(0, idx).to(self.lab.device)
+        batch = torch.empty((len(idx), *cache.shape[1:]), dtype=cache.dtype, pin_memory=True)
+        torch.index_select(cache, 0, idx, out=batch)
+        return batch.to(self.lab.device, non_blocking=True)
+
+    def __len__(self):
+        n, b = len(self.labels), self.lab.profile.batch_size
+        return n // b if self.shuffle else -(-n // b)
+
+    def __iter__(self):
+        n, b = len(self.labels), self.lab.profile.batch_size
+        order = torch.randperm(n, generator=self.order) if self.shuffle else torch.arange(n)
+        for i in range(len(self)):
+            idx = order[i * b:(i + 1) * b]
+            images, labels = self._take(self.images, idx), self._take(self.labels, idx)
+            if self.augment:
+                yield ls.pipeline.batch_augment(images, self.lab.profile.image_size, self.random), labels
+            else:
+                yield ls.pipeline.normalize(images), labels
+'''
+VARIANT_LOADER = '''def make_fast_loader(lab, split="train", augment=True):
+    """My loader: the helper class above does the work."""
+    return DecodedBatches(lab, split, augment)
+'''
+
 SCENARIOS = ("reference", "unchanged", "hardcoded", "wrong-but-fast", "monkeypatch", "crash",
              "infinite-loop", "tampered", "reuse", "slow-loader", "shortcuts", "honest-bugs",
-             "patched-baseline") + attacks.ATTACKS
+             "patched-baseline", "variant") + attacks.ATTACKS
 
 
 def _read(paths) -> dict:

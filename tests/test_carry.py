@@ -98,3 +98,30 @@ def test_a_helper_class_beside_the_graded_function_is_carried(tmp_path):
     namespace = {"__name__": "carried"}
     exec(compile(source, "carried", "exec"), namespace)
     assert namespace["graded"](5) == 30
+
+
+def test_what_cannot_be_carried_fails_the_self_check_loudly(tmp_path, monkeypatch):
+    """In a kernel (IPython, ``__name__ == "__main__"``), a graded function that needs a notebook
+    object carry cannot rebuild (a tensor) fails its checks there, saying what, rather than
+    passing in the kernel and scoring 0 in the grader; constants that are tuples of literals carry."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from labsupport import grading
+
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    shell = InteractiveShell.instance()
+    try:
+        for cell in ("import torch\nWEIGHTS = torch.ones(3)\nNAMES = ('compute', 'data wait')\n",
+                     "def diagnose(breakdown):\n    assert WEIGHTS.sum() == 3 and len(NAMES) == 2\n"
+                     "    return max(breakdown, key=breakdown.get)\n"):
+            assert shell.run_cell(cell).success
+        assert carry.problems("01", shell.user_ns) == [
+            "WEIGHTS: a Tensor object, which later notebooks cannot get back; create it inside the function that uses it"]
+        found = grading.run("01", shell.user_ns, only=("01-diagnose",))["01-diagnose"]
+        shell.run_cell("WEIGHTS = 3.0\ndef diagnose(breakdown):\n    assert WEIGHTS == 3 and len(NAMES) == 2\n"
+                       "    return max(breakdown, key=breakdown.get)\n")
+        fixed = grading.run("01", shell.user_ns, only=("01-diagnose",))["01-diagnose"]
+    finally:
+        InteractiveShell.clear_instance()
+    assert found.status == "fail" and "WEIGHTS: a Tensor object" in found.note, found
+    assert fixed.reason == "below bar" and fixed.measured is not None, fixed  # measured (its answers are wrong)

@@ -235,6 +235,58 @@ def test_02_loader_checked_on_every_batch_it_is_timed_on():
         assert result.status == "fail" and message in result.note, (name, result.note)
 
 
+def test_02_augmented_batches_are_augmented_as_the_naive_loaders():
+    """Loaders exact with augmentation off whose timed, augmented training batches are not: one
+    serves the plain images, one decodes the augmented ones at half resolution and scales them up,
+    one augments its first epoch and replays it. Each fails both 02 checks; the honest one passes."""
+    import torch.nn.functional as F
+
+    ns = solution("02", "make_fast_loader")
+    honest = ns["make_fast_loader"]
+    size = ls.hardware.PROFILES["tiny"].image_size
+
+    def skipping(lab, split="train", augment=True):
+        return honest(lab, split, augment=False)
+
+    def blurred(lab, split="train", augment=True):
+        loader = honest(lab, split, augment)
+        if not (augment and split == "train"):
+            return loader
+        small = lambda x: F.interpolate(F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True),
+                                        size=size, mode="bilinear")
+        return type("Blurred", (), {"__len__": lambda self: len(loader),
+                                    "__iter__": lambda self: ((small(x), y) for x, y in loader)})()
+
+    def replaying(lab, split="train", augment=True):
+        loader, kept = honest(lab, split, augment), []
+
+        class Replay:
+            def __len__(self):
+                return len(loader)
+
+            def __iter__(self):
+                if kept:
+                    yield from kept
+                    return
+                for x, y in loader:
+                    kept.append((x.clone(), y.clone()))
+                    yield x, y
+        return Replay()
+
+    cases = {"honest": (honest, ""), "skips augmentation": (skipping, "dataset images exactly"),
+             "decoded small": (blurred, "blurrier than the naive loader's"),
+             "replays its first epoch": (replaying, "repeat the first epoch's exactly")}
+    for name, (make, message) in cases.items():
+        ns["make_fast_loader"] = make
+        found = checks.run("02", ns)
+        if not message:
+            assert {r.status for r in found.values()} == {"n/a"}, (name, found)
+            continue
+        for result in found.values():
+            assert result.status == "fail" and result.reason == "incorrect" and message in result.note, \
+                (name, result.note)
+
+
 def test_02_naive_loader_in_disguise_is_not_3x(monkeypatch):
     monkeypatch.setenv("LAB_PROFILE", "tiny:grades_speed=1")
     ns = {"make_fast_loader": lambda lab, split="train", augment=True: ls.pipeline.naive_loader(
@@ -567,7 +619,9 @@ def test_07_zeros_only_in_the_masks_and_layer_by_layer_pruning_fail():
 
 def test_07_a_model_that_is_not_int8_fails_size_and_its_partners():
     """fp32 returned as is; fp16 weights (half the bytes, no int8); int8 copies kept beside the fp32
-    weights the model really runs on."""
+    weights the model really runs on, as buffers or as plain attributes with the fp32 model hidden
+    from the module tree (its state dict then holds only int8). What a model computes with is read
+    from its forward: each fails all three int8 checks."""
     import torch.nn as nn
 
     class Beside(nn.Module):
@@ -580,6 +634,15 @@ def test_07_a_model_that_is_not_int8_fails_size_and_its_partners():
         def forward(self, x):
             return self.model(x)
 
+    class Hidden(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.__dict__["fp32"] = model  # not a submodule: no parameters, an empty state dict
+            self.copies = [m.weight.detach().to(torch.int8) for _, m in ls.compress.prunable(model)]
+
+        def forward(self, x):
+            return self.__dict__["fp32"](x)
+
     class Half(nn.Module):
         def __init__(self, model):
             super().__init__()
@@ -588,18 +651,16 @@ def test_07_a_model_that_is_not_int8_fails_size_and_its_partners():
         def forward(self, x):
             return self.model(x.half()).float()
 
-    for cheat, why in ((lambda model, calibration: model, "not stored in int8"),
-                       (lambda model, calibration: Half(model), "not stored in int8"),
-                       (lambda model, calibration: Beside(model), "")):
+    for name, cheat in (("fp32", lambda model, calibration: model), ("fp16", lambda model, calibration: Half(model)),
+                        ("int8 beside", lambda model, calibration: Beside(model)),
+                        ("int8 held, fp32 hidden", lambda model, calibration: Hidden(model))):
         ns = solution("07")
         ns["quantize_int8"] = cheat
         found = checks.run("07", ns, only=("07-int8-size",), keep=False)
         size = found["07-int8-size"]
-        assert size.status == "fail" and why in size.note, size
-        if why:  # not int8: nothing else is earned either
-            assert found["07-int8-speedup"].status == found["07-int8-accuracy"].status == "fail"
-        else:  # int8 beside fp32: the fp32 weights are counted
-            assert size.measured > 1.0, size
+        assert size.status == "fail" and "does not compute with int8 weights" in size.note, (name, size)
+        assert found["07-int8-speedup"].status == found["07-int8-accuracy"].status == "fail", name
+        assert size.measured > 0.45, (name, size)  # fp16's half, or all of fp32's bytes
 
 
 def test_07_int8_speed_is_graded_at_a_profile_that_grades_speed(monkeypatch):

@@ -118,6 +118,8 @@ LOSES = {
     # The kernel's slowed PIL.Image.open never reaches the grader's baseline: full marks for a
     # correct loader, and the grader's speedup is the honest one (asserted below).
     "patched-baseline": {},
+    # written differently from the master, correct: full marks (graded in test_unbatched.py)
+    "variant": {},
     "reuse": {"02_data_loading": set(POINTS["02_data_loading"]),
               "03_amp": {"test_accuracy", "test_amp_speedup", "test_activation_memory"},
               "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"},
@@ -126,7 +128,7 @@ LOSES = {
 SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
            "shortcuts": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile", "07_compression"},
            "honest-bugs": {"01_profile", "02_data_loading", "03_amp", "04_checkpointing", "07_compression"},
-           "patched-baseline": {"02_data_loading"},
+           "patched-baseline": {"02_data_loading"}, "variant": {"02_data_loading"},
            "wrong-but-fast": {"02_data_loading", "03_amp", "04_checkpointing"},
            "monkeypatch": {"02_data_loading"}, "crash": {"01_profile"},
            "infinite-loop": {"01_profile"}, "tampered": {"02_data_loading"},
@@ -148,7 +150,7 @@ SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
 NOT_HANDED_IN = {"hardcoded": ("02_data_loading", "05_compile"), "wrong-but-fast": ("03_amp", "04_checkpointing"),
                  "reuse": ("03_amp", "04_checkpointing"),
                  "shortcuts": ("04_checkpointing", "05_compile", "07_compression"),
-                 "honest-bugs": ("04_checkpointing", "07_compression")}
+                 "honest-bugs": ("04_checkpointing", "07_compression"), "variant": ("02_data_loading",)}
 # The per-cell limit for the batch with the infinite loop: what the loop costs, and what the
 # student graded after it must fit every 01 cell in. 25 s was too short beside a busy process
 # (01's memory profile of a step took longer, and that student timed out).
@@ -163,6 +165,8 @@ OUT_OF_BATCH = {
     "hardcoded": "graded at the real profile (test_real_profile.py's test_hardcoded_answers_fail_the_"
                  "speed_checks_at_the_real_profile); at the tiny profile its 02 is a correct slow loader "
                  "and its 03's missing autocast is test_grading's fp16-without-a-scaler case",
+    "variant": "its one notebook is graded without a kernel in test_unbatched.py (the carry of a helper "
+               "class from a kernel's cell: test_carry.py)",
     "monkeypatch": "verdicts run outside the kernel, so a labsupport function patched there is never called "
                    "by the grader (cheater and patched-baseline bend the kernel's side, and are graded here)",
 }

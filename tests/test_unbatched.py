@@ -27,7 +27,7 @@ from labsupport import carry, grading
 
 # The scenario notebooks graded here: (scenario, notebook). Each is in NOT_HANDED_IN.
 UNBATCHED = (("honest-bugs", "04_checkpointing"), ("honest-bugs", "07_compression"),
-             ("shortcuts", "04_checkpointing"), ("shortcuts", "07_compression"))
+             ("shortcuts", "04_checkpointing"), ("shortcuts", "07_compression"), ("variant", "02_data_loading"))
 
 
 def test_every_notebook_graded_here_is_left_out_of_the_batch():

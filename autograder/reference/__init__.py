@@ -8,7 +8,9 @@ what the notebook's setup cell provides. The student distribution holds none of 
 
 from __future__ import annotations
 
+import copy
 import linecache
+import re
 import types
 from pathlib import Path
 
@@ -77,3 +79,23 @@ def keep_all(directory: Path | None = None, course_root: Path = course.COURSE_RO
         space = namespace(nb.number, course_root)
         if any(n in space for n in nb.graded):
             carry.keep(nb.number, space, directory)
+
+
+SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$\n?", re.MULTILINE)
+
+
+def submission(release: dict, masters: dict) -> dict:
+    """The reference as a student hands it in: ``release`` (``{name: notebook}``) with every
+    solution cell (code and written answers) taken from ``masters``, its markers removed. Used by:
+    the grading benchmark and the tests' ``reference`` scenario."""
+    out = {}
+    for name, nb in release.items():
+        nb = copy.deepcopy(nb)
+        answers = {c.metadata["nbgrader"]["grade_id"]: c for c in masters[name].cells
+                   if c.metadata.get("nbgrader", {}).get("grade_id")}
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("solution"):
+                cell.source = SOLUTION_MARKERS.sub("", answers[meta["grade_id"]].source)
+        out[name] = nb
+    return out

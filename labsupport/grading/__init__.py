@@ -29,7 +29,7 @@ import itertools
 import os
 import sys
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -370,6 +370,14 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
                    "functions must not patch libraries (the originals are back for the next checks)")
             found = [CheckResult(i, None, None, "", lab.machine.device_class, "fail", why) for i in ids]
         out.update({r.check: r for r in found})
+    if keep and namespace.get("__name__") == "__main__" and any(name in namespace for name in nb.graded):
+        # In a notebook's kernel: the grader measures the code carried from here, so what cannot
+        # be carried fails here too, loudly, rather than as a silent zero in the grader.
+        lost = carry.problems(number, namespace)
+        if lost:
+            why = (f"the grader rebuilds your code from what is carried forward, and this is not: "
+                   f"{'; '.join(lost[:3])}")
+            out = {c: replace(r, status="fail", reason="error", note=why) for c, r in out.items()}
     if keep:
         keep_checks(number, out.values())
         if any(name in namespace for name in nb.graded):

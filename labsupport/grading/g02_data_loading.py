@@ -3,7 +3,8 @@
 - ``02-loader-speedup``: the same data as the naive loader, at a paired speedup. With
   augmentation off, every image is a dataset image at the profile's resolution, exactly, with its
   own label (validation batches equal the naive loader's); every epoch the checks time sees every
-  sample once, in batches of the right shape.
+  sample once, in batches of the right shape; augmented training batches are augmented (not the
+  dataset's images exactly, not repeated across epochs) and as sharp as the naive loader's.
 - ``02-data-wait-share``: with that loader a training step barely waits for data, and waits at
   most half as long as with the naive loader, measured in the same check.
 """
@@ -18,6 +19,9 @@ import torch
 from .. import measure, pipeline, train
 from . import partners, register, speed, student
 
+# The first augmented training batches checked against the dataset's images (a loader that skips
+# augmentation serves them exactly).
+AUGMENT_CHECKED_BATCHES = 2
 # The fast loader's data wait must be at most this fraction of the naive loader's, measured in the
 # same check (reference on cpu-bf16: 4.5-5.1 ms against about 25 ms, i.e. 0.2).
 WAIT_FALL = 0.5
@@ -47,18 +51,22 @@ def loader(namespace, lab):
         # Every training image with its own label, at the profile's resolution (augmentation off,
         # so each one is a dataset image exactly).
         sources, labels = pipeline.decode_once("train", size=profile.image_size, progress=False)
-        same, why = partners.paired_with_sources(make(lab, split="train", augment=False),
-                                                 pipeline.normalize(sources), labels)
+        sources = pipeline.normalize(sources)
+        same, why = partners.paired_with_sources(make(lab, split="train", augment=False), sources, labels)
     # Every batch the checks below time is checked too: each epoch sees every sample once, in
-    # batches of the right shape (the first epoch before timing, the rest as they are timed).
+    # batches of the right shape (the first epoch before timing, the rest as they are timed), and
+    # is augmented as the naive loader's batches are, recorded while both are timed.
     recorder = partners.EpochRecorder(fast_train)
+    first_batches = []
     if same:
-        for _ in recorder:
-            pass
+        for x, y in recorder:
+            if len(first_batches) < AUGMENT_CHECKED_BATCHES:
+                first_batches.append((x.to("cpu", copy=True), y))
         why = recorder.problems(expected, profile.batch_size, kinds)
         same = not why
 
-    naive = pipeline.forever(pipeline.naive_loader(profile, seed=lab.seed))
+    naive_recorder = partners.EpochRecorder(pipeline.naive_loader(profile, seed=lab.seed))
+    naive = pipeline.forever(naive_recorder)
     fast = pipeline.forever(recorder)
     # A long warm-up: the first fetches after the loaders are built run slow. With one warm-up
     # fetch the reference measured 1.5-5.3x in fresh processes (cpu-bf16); with 8, 4.9-5.2x.
@@ -68,7 +76,8 @@ def loader(namespace, lab):
     step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
     per_step = train.phase_breakdown(fast, step, steps=profile.measure_steps, warmup=1, non_blocking=True)
     if same:
-        why = recorder.problems(expected, profile.batch_size, kinds)
+        why = (recorder.problems(expected, profile.batch_size, kinds)
+               or recorder.augmentation_problems(naive_recorder, first_batches, sources))
         same = not why
     partner = dict(correct=same, why_incorrect=why)
     faster = speed(lab, "02-loader-speedup", cmp.speedup.median, **partner)

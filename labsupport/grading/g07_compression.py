@@ -134,14 +134,17 @@ def int8(namespace, lab):
         with torch.no_grad():
             want, got = fp32(batch), q(batch).float()
     weights = compress.sparsity(fp32).total
-    int8_bytes, fp32_bytes = compress.model_bytes(q), compress.model_bytes(fp32)
-    ratio = int8_bytes / fp32_bytes
+    # What each model computes with (the weights its operators read in a forward), not what it holds.
+    mine, theirs = compress.computed_with(q, batch), compress.computed_with(fp32, batch)
+    int8_bytes, fp32_bytes = mine.bytes, theirs.bytes
+    ratio = int8_bytes / max(fp32_bytes, 1)
     error = float((got - want).norm() / want.norm())
     wrong = []
-    int8_share = compress.int8_elements(q) / weights
+    int8_share = mine.int8_elements / weights
     if int8_share < 0.95:
-        wrong.append(f"only {int8_share:.0%} as many int8 elements as Conv2d and Linear weights: the "
-                     "weights are not stored in int8 (convert_pt2e does that)")
+        wrong.append(f"its forward reads only {int8_share:.0%} as many int8 elements as there are Conv2d and "
+                     "Linear weights: the model does not compute with int8 weights (convert_pt2e makes one "
+                     "that does)")
     if not error <= MAX_LOGIT_ERROR:
         wrong.append(f"logits differ from fp32's by {error:.1%} (relative L2; {MAX_LOGIT_ERROR:.0%} allowed)")
     correct, why = not wrong, "; ".join(wrong)

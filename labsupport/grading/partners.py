@@ -89,6 +89,30 @@ def first_mismatch(name: str, got: list, want: list, rtol: float, atol: float) -
     return "" if len(got) == len(want) else f"{len(got)} {name} instead of {len(want)}"
 
 
+# At most this share of augmented images may be dataset images exactly, or repeat across epochs
+# (the naive loader's: 0; a loader that skips augmentation: all of them).
+AUGMENTED_AT_MOST_PLAIN = 0.5
+# Augmented images at least this sharp, relative to the naive loader's augmented images measured in
+# the same check. Measured (mean |horizontal difference|, class cpu, 64 px, 6 batches): naive
+# 0.119, the reference loader 0.128 (1.08x), decoded at half size and scaled up 0.084 (0.70x), at
+# three quarters 0.094 (0.79x); at the tiny test profile (32 px) 1.04x, 0.63x and 0.79x.
+SHARPNESS_FLOOR = 0.8
+
+
+def unaugmented_share(batches, sources: torch.Tensor, tolerance: float = 1e-4) -> float:
+    """The share of the images in ``batches`` (``(images, labels)`` pairs) that are one of
+    ``sources`` exactly (the dataset at the profile's size, augmentation off)."""
+    keys, hits, total = _fingerprints(sources), 0, 0
+    for x, _ in batches:
+        x = x.to("cpu", torch.float32)
+        if x.dim() != 4 or x.shape[1:] != sources.shape[1:]:
+            continue  # a shape the checks report on their own
+        match = torch.cdist(_fingerprints(x), keys).argmin(dim=1)
+        hits += int(((x - sources[match]).abs().amax(dim=(1, 2, 3)) <= tolerance).sum())
+        total += len(x)
+    return hits / total if total else 0.0
+
+
 def _fingerprints(images: torch.Tensor) -> torch.Tensor:
     """A 4 x 4 average-pooled copy of each image, flattened: which source image this is."""
     return torch.nn.functional.adaptive_avg_pool2d(images.float(), 4).flatten(1).double()
@@ -141,7 +165,11 @@ class EpochRecorder:
 
     def __init__(self, loader):
         self.loader, self.epochs, self.complete, self.kinds = loader, [], [], set()
-        self.prints: list = []  # per epoch: a fingerprint of each batch's images, in order
+        # Per epoch: each batch's (sum, sum of squares) of a strided sample of its images, then the
+        # sum and count of absolute differences between horizontally adjacent pixels (every 5th row):
+        # how sharp the images are; and each image's own sum over the strided sample.
+        self.prints: list = []
+        self.images: list = []
 
     def __len__(self):
         return len(self.loader)
@@ -150,27 +178,76 @@ class EpochRecorder:
         self.epochs.append(None)
         self.complete.append(False)
         self.prints.append(None)
-        buffer, used, prints, n = None, 0, None, 0
+        self.images.append(None)
+        buffer, used, prints, n, faces, seen = None, 0, None, 0, None, 0
         for x, y in self.loader:
             self.kinds.add((tuple(x.shape[1:]), x.dtype))
             y_flat = y.reshape(-1)
             if buffer is None:
                 buffer = y_flat.new_empty((len(self.loader) + 1) * y_flat.numel())
-                prints = torch.empty((len(self.loader) + 1, 2), dtype=torch.float64, device=x.device)
+                prints = torch.zeros((len(self.loader) + 1, 4), dtype=torch.float64, device=x.device)
+                faces = torch.empty(buffer.numel(), dtype=torch.float64, device=x.device)
             if used + y_flat.numel() > buffer.numel():  # more than len() promised: grow
                 buffer = torch.cat([buffer, y_flat.new_empty(max(buffer.numel(), y_flat.numel()))])
             if n == len(prints):
-                prints = torch.cat([prints, torch.empty_like(prints)])
+                prints = torch.cat([prints, torch.zeros_like(prints)])
             buffer[used:used + y_flat.numel()].copy_(y_flat, non_blocking=True)
             used += y_flat.numel()
             # A strided view (a 25th of the batch, no copy of it), queued on the batch's device: the
             # same batch served twice in an epoch gives the same two numbers.
             sample = (x[..., ::5, ::5] if x.dim() >= 2 else x).double()
             prints[n, 0], prints[n, 1] = sample.sum(), sample.square().sum()
+            if x.dim() == 4 and x.shape[-1] > 1:
+                rows = x[..., ::5, :]
+                prints[n, 2] = (rows[..., 1:] - rows[..., :-1]).abs().double().sum()
+                prints[n, 3] = rows[..., 1:].numel()
+                if seen + len(x) > faces.numel():
+                    faces = torch.cat([faces, torch.empty_like(faces[:max(faces.numel(), len(x))])])
+                faces[seen:seen + len(x)] = sample.flatten(1).sum(1)
+                seen += len(x)
             n += 1
-            self.epochs[-1], self.prints[-1] = buffer[:used], prints[:n]
+            self.epochs[-1], self.prints[-1], self.images[-1] = buffer[:used], prints[:n], faces[:seen]
             yield x, y
         self.complete[-1] = True
+
+    def sharpness(self) -> float | None:
+        """The mean absolute difference between horizontally adjacent pixels, over every batch
+        recorded (None before any): lower for images decoded small and scaled up."""
+        found = [p.cpu() for p in self.prints if p is not None]
+        if not found:
+            return None
+        found = torch.cat(found)
+        return float(found[:, 2].sum() / found[:, 3].sum()) if found[:, 3].sum() > 0 else None
+
+    def repeated_share(self) -> float | None:
+        """The share of images in later epochs that are, exactly, an image of the first epoch (None
+        with fewer than two epochs): about 0 when every epoch is augmented afresh."""
+        epochs = [f.cpu() for f in self.images if f is not None and len(f)]
+        if len(epochs) < 2:
+            return None
+        first, later = torch.round(epochs[0] * 1e6), torch.round(torch.cat(epochs[1:]) * 1e6)
+        return float(torch.isin(later, first).double().mean())
+
+    def augmentation_problems(self, naive: "EpochRecorder", first_batches, sources: torch.Tensor) -> str:
+        """What shows the timed training batches are not augmented as the naive loader's are ("" if
+        nothing): most images of the first batches are dataset images exactly (augmentation
+        skipped), images repeat exactly across epochs, or the images are blurrier than the naive
+        loader's augmented ones, recorded while both were timed (decoded small, scaled up)."""
+        plain = unaugmented_share(first_batches, sources)
+        if plain > AUGMENTED_AT_MOST_PLAIN:
+            return (f"{100 * plain:.0f}% of the images of your first augmented training batches are dataset "
+                    "images exactly, unaugmented: augment=True must crop, flip and jitter as the naive loader does")
+        repeated = self.repeated_share()
+        if repeated is not None and repeated > AUGMENTED_AT_MOST_PLAIN:
+            return (f"{100 * repeated:.0f}% of the images of your later training epochs repeat the first "
+                    "epoch's exactly: augment each epoch afresh, as the naive loader does")
+        mine, theirs = self.sharpness(), naive.sharpness()
+        if mine is not None and theirs and mine < SHARPNESS_FLOOR * theirs:
+            return (f"your augmented training images are blurrier than the naive loader's (mean difference "
+                    f"between neighbouring pixels {mine:.3g} against {theirs:.3g}, {mine / theirs:.2f}x, "
+                    f"below {SHARPNESS_FLOOR:g}x): decode at full resolution, then crop and resize once, as "
+                    "the naive loader does")
+        return ""
 
     def problems(self, expected, batch_size: int, kinds: set) -> str:
         """What was wrong with any epoch that was timed ("" if nothing): no batch is served twice in
