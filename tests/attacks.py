@@ -204,12 +204,16 @@ os.unlink(_results / "held.bin")
 # Runs in the verdict process (as the carried code of 02, at load): writes its own verdict, every
 # check a pass, with measurements that miss this machine's bars, and lenient bars beside them.
 FORGED_VERDICT = r'''import json, os, pathlib, sys
-_spec = json.loads(pathlib.Path(sys.argv[1]).read_text())
-_said = {"status": "pass", "reason": "pass", "note": "forged by the submission"}
-pathlib.Path(_spec["out"]).write_text(json.dumps({"notebook": "02", "rung": 999.0, "problems": [], "checks": {
-    "02-loader-speedup": {**_said, "measured": 0.951, "threshold": 0.5},
-    "02-data-wait-share": {**_said, "measured": 0.5, "threshold": 0.9}}}))
-os._exit(0)
+try:
+    _spec = json.loads(pathlib.Path(sys.argv[1]).read_text())
+except (IndexError, OSError, ValueError):
+    _spec = {}  # not a verdict process (a later notebook's kernel): nothing to forge
+if _spec.get("notebook") == "02":
+    _said = {"status": "pass", "reason": "pass", "note": "forged by the submission"}
+    pathlib.Path(_spec["out"]).write_text(json.dumps({"notebook": "02", "rung": 999.0, "problems": [], "checks": {
+        "02-loader-speedup": {**_said, "measured": 0.951, "threshold": 0.5},
+        "02-data-wait-share": {**_said, "measured": 0.5, "threshold": 0.9}}}))
+    os._exit(0)
 '''
 
 # Runs in 02's kernel, after its checks kept their code: the verdict process loads the forger.
