@@ -107,12 +107,16 @@ def grading_time(notebooks: tuple[str, ...] | None = None, course_root: Path = C
         started = time.perf_counter()
         grades = grade.grade(root, ["reference"], progress=False)
         total = time.perf_counter() - started
+        longest = {p.stem: longest_cell(p) for p in
+                   (root / "autograded" / "reference" / course.assignment_id(root)).glob("*.ipynb")}
     rows = [{"notebook": g.notebook, "score": f"{g.score:g}/{g.max_score:g}", "kernel s": g.seconds,
-             "verdict s": g.verdict_s, "other s": g.wall_s - g.seconds - g.verdict_s, "total s": g.wall_s}
+             "verdict s": g.verdict_s, "other s": g.wall_s - g.seconds - g.verdict_s, "total s": g.wall_s,
+             "longest cell s": longest.get(g.notebook, (None, ""))[0],
+             "longest cell": longest.get(g.notebook, (None, ""))[1]}
             for g in grades if g.status != "missing"]
     inside = sum(r["total s"] for r in rows)
     rows.append({"notebook": "after the notebooks", "score": "", "kernel s": 0.0, "verdict s": 0.0,
-                 "other s": total - inside, "total s": total - inside})
+                 "other s": total - inside, "total s": total - inside, "longest cell s": None, "longest cell": ""})
     frame = pd.DataFrame(rows).set_index("notebook")
     out = Path(out) if out else REPO_ROOT / "build" / f"grading-time-{machine.device_class}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -123,3 +127,21 @@ def grading_time(notebooks: tuple[str, ...] | None = None, course_root: Path = C
             f"({total / 60:.1f} min)\n\n")
     out.write_text(head + frame.to_string(float_format=lambda v: f"{v:.1f}") + "\n")
     return out, frame
+
+
+def longest_cell(path: Path) -> tuple[float | None, str]:
+    """The longest code cell of executed notebook ``path`` by the times nbclient records in each cell's
+    metadata: ``(seconds, its grade id or index)``, or ``(None, "")`` where none were recorded."""
+    import nbformat
+
+    best: tuple[float | None, str] = (None, "")
+    for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
+        times = cell.get("metadata", {}).get("execution", {})
+        begin, end = times.get("iopub.execute_input"), times.get("shell.execute_reply")
+        if cell.cell_type != "code" or not (begin and end):
+            continue
+        took = (dt.datetime.fromisoformat(end.replace("Z", "+00:00"))
+                - dt.datetime.fromisoformat(begin.replace("Z", "+00:00"))).total_seconds()
+        if best[0] is None or took > best[0]:
+            best = (took, cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell {index}")
+    return best

@@ -177,6 +177,19 @@ def cmd_benchmark(args) -> int:
     return 0
 
 
+def cmd_accept(args) -> int:
+    """``accept``: is this machine's class ready to grade (autograder/accept.py)."""
+    from . import accept
+
+    if args.checks_of:  # the child process that runs one notebook's checks
+        return accept.main_checks_of(args.checks_of, args.runs, args.course, args.json)
+    path, wrong = accept.accept(tuple(args.parts.split(",")), args.runs, tuple(args.notebooks) or None,
+                                args.course, args.output, args.limit, args.deadline)
+    print(path.read_text())
+    print(f"wrote {shown(path)}")
+    return 1 if wrong else 0
+
+
 def cmd_report(args) -> int:
     """``report``: one student's report, the reference's, or the class summary, as HTML."""
     from . import reports
@@ -304,6 +317,22 @@ def parser() -> argparse.ArgumentParser:
     ben.add_argument("notebooks", nargs="*", metavar="NN",
                      help="with --grading, only these notebooks (e.g. 02); default: all graded ones")
     ben.set_defaults(func=cmd_benchmark)
+    acc = sub.add_parser(
+        "accept", help="is this machine's class ready to grade: the reference's checks, calibrated and graded",
+        description="Run every graded check on the reference (each notebook in its own process), then calibrate "
+                    "and grade the reference submission with those bars; write build/accept-<class>/accept.md, "
+                    "ending with the verdict (exit 1 where the class is not ready).")
+    acc.add_argument("--parts", default="checks,grade",
+                     help="which parts, comma-separated (default: %(default)s)")
+    acc.add_argument("--runs", type=int, default=3, help="runs of the reference's checks (default: %(default)s)")
+    acc.add_argument("--limit", type=float, default=1800, help="seconds one notebook's checks may take")
+    acc.add_argument("--deadline", type=float, default=None,
+                     help="seconds all the checks may take together: a notebook still running then is stopped, and later ones are not started")
+    acc.add_argument("--output", type=Path, default=None, help="folder for the tables (default: build/accept-<class>)")
+    acc.add_argument("--checks-of", default=None, help=argparse.SUPPRESS)
+    acc.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
+    acc.add_argument("notebooks", nargs="*", metavar="NN", help="only these notebooks (default: every graded one)")
+    acc.set_defaults(func=cmd_accept)
     rep = sub.add_parser(
         "report", help="export a student's or the reference's report, or the class summary, as HTML",
         description="With --student, that student's comparison report from their grading-time "

@@ -56,17 +56,26 @@ def checkpointing(namespace, lab):
 
     for s in (plain, ckpt):  # warm-up: optimizer state exists before peaks are measured
         s(small_x, small_y)
-    peak = {name: memory.peak_step_bytes(lambda s=s, x=x, y=y: s(x, y), lab.device).peak_bytes
-            for name, s, x, y in (("plain", plain, small_x, small_y), ("ckpt", ckpt, small_x, small_y),
-                                  ("plain-2x", plain, images, labels), ("ckpt-2x", ckpt, images, labels))}
+    reports = {name: memory.peak_step_bytes(lambda s=s, x=x, y=y: s(x, y), lab.device)
+               for name, s, x, y in (("plain", plain, small_x, small_y), ("ckpt", ckpt, small_x, small_y),
+                                     ("plain-2x", plain, images, labels), ("ckpt-2x", ckpt, images, labels))}
+    # Graded on the count of tensor storages, the same on every device. On CUDA the caching
+    # allocator's own peaks (workspaces and block rounding included) are reported beside it: not yet
+    # graded, since no GPU run has measured the reference's budget on them.
+    peak = {k: r.peak_bytes for k, r in reports.items()}
+    allocator = {f"allocator_{k}": r.allocator_peak_bytes for k, r in reports.items()
+                 if r.allocator_peak_bytes is not None}
     budget = memory.BUDGET_FACTOR * peak["plain"]
     mib = {k: v / 2**20 for k, v in peak.items()}
+    beside = (f"; the CUDA allocator's peaks: checkpointed {allocator['allocator_ckpt-2x'] / 2**20:.0f} MiB, "
+              f"plain {allocator['allocator_plain-2x'] / 2**20:.0f} MiB") if allocator else ""
     peak_check = speed(lab, "04-peak-ratio", peak["ckpt"] / peak["plain"], "lower", **partner,
                         note=f"peak {mib['ckpt']:.0f} MiB vs {mib['plain']:.0f} MiB at batch {batch}")
     fits = judge("04-fits-budget", peak["ckpt-2x"] / budget, machine, **partner,
                          note=(f"batch {2 * batch}: checkpointed {mib['ckpt-2x']:.0f} MiB, plain "
-                               f"{mib['plain-2x']:.0f} MiB, budget {budget / 2**20:.0f} MiB"),
-                         details={"budget_bytes": budget, **{f"peak_{k}": v for k, v in peak.items()}})
+                               f"{mib['plain-2x']:.0f} MiB, budget {budget / 2**20:.0f} MiB (tensors counted)"
+                               + beside),
+                         details={"budget_bytes": budget, **{f"peak_{k}": v for k, v in peak.items()}, **allocator})
 
     # More rounds than a speedup check: the overhead is judged against a bar, not just reported.
     cmp = measure.compare(lambda: plain(small_x, small_y), lambda: ckpt(small_x, small_y), lab.device,
@@ -82,6 +91,29 @@ def checkpointing(namespace, lab):
 # With 4 micro-batches a step's peak must be at most this fraction of one batch's (the reference at
 # 64 px, batch 64, class cpu: 79 MiB against 140 MiB, 0.56).
 ACCUMULATION_PEAK_FALL = 0.85
+
+
+# An honest accumulation differs from one large batch's gradients by float32 rounding, and on a GPU
+# by the difference between cuDNN's algorithms for the two batch sizes (exact float32, TF32 off).
+# That floor is measured on the device with the lab's own accumulation; a student's may differ from
+# the large batch by FLOOR_MARGIN times as much (another summation order). Without it, the reference
+# failed on an H200 (2026-11-26: one of conv1's gradients 17x its value apart, tolerance 1e-6).
+# Averaging uneven micro-batches by k instead of by their sizes weights each micro-batch's gradient
+# wrongly by 1/3 - 342/1024 = 0.07% of it at the GPU profile (6% at the tiny one): still caught
+# where the floor is float32 rounding, as on a CPU.
+FLOOR_MARGIN = 4.0
+
+
+def accumulation_floor(want: list[torch.Tensor], images: torch.Tensor, labels: torch.Tensor, k: int,
+                       lab) -> list[float]:
+    """Per gradient, the largest difference between ``want`` (one large batch) and the lab's own
+    accumulation of ``k`` micro-batches (each loss weighted by its share of the batch) on the same
+    device: how close an honest accumulation can get here. Run inside ``train.exact_fp32()``."""
+    net = train.group_norm_resnet(lab.seed).to(lab.device)
+    net.zero_grad(set_to_none=True)
+    for x, y in zip(images.tensor_split(k), labels.tensor_split(k)):
+        (F.cross_entropy(net(x), y) * (len(x) / len(images))).backward()
+    return [float((p.grad - w).abs().max()) for p, w in zip(net.parameters(), want)]
 
 
 def micro_batch_problem(seen: list[int], batch: int, k: int) -> str:
@@ -108,9 +140,10 @@ def accumulation(namespace, lab):
     images, labels = one_batch(lab, batch_size=2 * lab.profile.batch_size, image_size=size)
     images, labels = images.to(lab.device), labels.to(lab.device)
     reference, model = train.group_norm_resnet(lab.seed).to(lab.device), train.group_norm_resnet(lab.seed).to(lab.device)
+    lr, k = 0.1, 3  # 3 does not divide the batch: uneven micro-batches
     with train.exact_fp32():
         want, _ = train.grads_and_stats(reference, reference, images, labels)
-    lr, k = 0.1, 3  # 3 does not divide the batch: uneven micro-batches
+        floor = accumulation_floor(want, images, labels, k, lab)
     before = [p.detach().clone() for p in model.parameters()]
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     seen = []  # the batch of every forward call: the micro-batches must be what the model sees
@@ -120,11 +153,12 @@ def accumulation(namespace, lab):
     hook.remove()
     got = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     why = micro_batch_problem(seen, images.shape[0], k)
-    why = why or partners.first_mismatch("gradients", got, want, rtol=1e-4, atol=1e-6)
+    allowed = [1e-6 + FLOOR_MARGIN * f for f in floor]  # per gradient: float32 rounding and this device's floor
+    why = why or partners.first_mismatch("gradients", got, want, rtol=1e-4, atol=allowed)
     if not why:
         updated = [b - lr * g for b, g in zip(before, want)]
         why = partners.first_mismatch("weights after the update", [p.detach() for p in model.parameters()], updated,
-                              rtol=1e-4, atol=1e-6)
+                                      rtol=1e-4, atol=[1e-6 + lr * FLOOR_MARGIN * f for f in floor])
         why = why and f"{why} (one optimizer.step() per large batch, after all micro-batches)"
     if not why and not torch.isfinite(torch.as_tensor(loss)).all():
         why = f"accumulate_step returned a non-finite loss {loss}"

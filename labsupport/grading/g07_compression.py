@@ -121,6 +121,18 @@ def pruning(namespace, lab):
     return [sparse, accurate]
 
 
+def _quantiser_versions() -> str:
+    """The torch and torchao this ran with: on an H200 with torch 2.11.0 and torchao 0.18.0 (2026-11-26)
+    the reference's own prepare/convert_pt2e returned a model computing in float32, which this names."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ao = version("torchao")
+    except PackageNotFoundError:
+        ao = "not installed"
+    return f"torch {torch.__version__}, torchao {ao}"
+
+
 @register("07-int8-size", "07-int8-speedup", "07-int8-accuracy")
 def int8(namespace, lab):
     """int8 weights in a model a quarter of fp32's size, close to its outputs, faster and as accurate."""
@@ -144,7 +156,7 @@ def int8(namespace, lab):
     if int8_share < 0.95:
         wrong.append(f"its forward reads only {int8_share:.0%} as many int8 elements as there are Conv2d and "
                      "Linear weights: the model does not compute with int8 weights (convert_pt2e makes one "
-                     "that does)")
+                     f"that does; {_quantiser_versions()})")
     if not error <= MAX_LOGIT_ERROR:
         wrong.append(f"logits differ from fp32's by {error:.1%} (relative L2; {MAX_LOGIT_ERROR:.0%} allowed)")
     correct, why = not wrong, "; ".join(wrong)

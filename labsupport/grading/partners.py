@@ -79,11 +79,13 @@ def step_trains(step, images, labels, steps: int = 3) -> tuple[bool, str]:
     return True, ""
 
 
-def first_mismatch(name: str, got: list, want: list, rtol: float, atol: float) -> str:
-    """The first of two tensor lists that differ beyond tolerance, as a sentence ("" if none do)."""
-    for i, (g, w) in enumerate(zip(got, want)):
+def first_mismatch(name: str, got: list, want: list, rtol: float, atol: float | list[float]) -> str:
+    """The first of two tensor lists that differ beyond tolerance, as a sentence ("" if none do).
+    ``atol`` is one absolute tolerance, or one per tensor."""
+    atols = atol if isinstance(atol, (list, tuple)) else [atol] * len(want)
+    for i, (g, w, a) in enumerate(zip(got, want, atols)):
         try:
-            torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+            torch.testing.assert_close(g, w, rtol=rtol, atol=a)
         except AssertionError as err:
             return f"{name} #{i} differs: {str(err).splitlines()[-1].strip() or err}"
     return "" if len(got) == len(want) else f"{len(got)} {name} instead of {len(want)}"

@@ -1,0 +1,243 @@
+"""``accept``: is this machine's class ready to grade? What an instructor runs once on a new kind
+of machine (their first GPU), and what we run when one is lent to us.
+
+Its parts, each written as it finishes to ``build/accept-<device class>/`` and summed up in
+``accept.md`` there, ending with the verdict "this machine's class is ready" or what failed:
+
+1. **checks**: every graded check of every notebook, run on the reference solutions as
+   ``calibrate`` runs them (the reference's code carried forward in a scratch results store), each
+   notebook in its own process with a time limit, and the rows of each group of checks kept as it
+   finishes. Each check's measurement against its class default, and, for the calibrated checks,
+   the bar ``calibrate`` would derive from it (:func:`autograder.calibrate.derive`), with the
+   seconds its checks took. The checks that read what a notebook's own run wrote (01's trace,
+   06's ladder and HTML) are left to the next part.
+2. **grade**: ``calibrate`` on this machine (into the output folder, not the course's file), then
+   the reference submission graded with those bars as a student's is (``grade`` in a scratch copy
+   of the course, :func:`autograder.benchmark.grading_time`): its score per notebook against the
+   maximum, its time per notebook, and its longest cell against the class's cell limit.
+
+The machine is ready when every check ran, the reference passes every one on the calibrated bars,
+gets full marks when graded, and no cell of it takes more than half its limit. Not built: grading
+the test scenarios (tests/scenarios.py) here, since their expected scores are written for the tiny
+profile, where no speed is graded.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from . import calibrate, course
+from .course import COURSE_ROOT, REPO_ROOT
+
+# Checks that read what a notebook's own run wrote (01's profiler trace, 06's ladder of 01-05 and
+# its exported HTML): the checks part has no notebook run, so they are graded in the grade part.
+MADE_BY_THE_NOTEBOOK = ("01-trace", "01-phases-labelled", "06-stages", "06-html")
+
+# A graded cell that takes more than this share of its limit on the reference is "too close":
+# a slower student, or a busier machine, would lose it.
+CELL_HEADROOM = 0.5
+
+
+def checks_of(number: str, runs: int = 1, course_root: Path = COURSE_ROOT,
+              json_out: Path | None = None) -> list[dict]:
+    """Every graded check of notebook ``number``, run ``runs`` times on the reference solutions in
+    this process, against the class defaults: one dict per check (the fields of its CheckResult,
+    every run's measurement, the seconds its group of checks took per run). With ``json_out``, the
+    rows so far are written there after each group of checks, so a notebook stopped at its time
+    limit still reports the checks it finished."""
+    import importlib
+
+    from labsupport import grading
+    from labsupport.hardware import describe_machine
+
+    from . import reference
+
+    machine = describe_machine().as_dict()
+    found: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="lab-accept-") as scratch, \
+            course.environment({"LAB_RESULTS": scratch, "LAB_CALIBRATION": str(Path(scratch) / "none.toml")}):
+        reference.keep_all(course_root=course_root)
+        for _ in range(runs):
+            fresh = grading.fresh().grading
+            importlib.import_module(f".{fresh.module_name(number)}", fresh.__name__)
+            groups = [ids for ids, _fn in fresh._CHECKS.get(number, []) if not set(ids) <= set(MADE_BY_THE_NOTEBOOK)]
+            namespace = reference.namespace(number, course_root)
+            for ids in groups:
+                started = time.perf_counter()
+                results = fresh.run(number, namespace, only=ids, keep=False, skip=MADE_BY_THE_NOTEBOOK)
+                took = time.perf_counter() - started
+                for check, result in results.items():
+                    row = found.setdefault(check, {"notebook": number, "check": check, "measured": [],
+                                                   "statuses": [], "notes": [], "seconds": [], "details": []})
+                    row["measured"].append(None if result.measured is None else float(result.measured))
+                    row["statuses"].append(result.status)
+                    row["notes"].append(result.note)
+                    row["seconds"].append(round(took, 1))
+                    row["details"].append(json.loads(json.dumps(result.details, default=str)))
+                    row.update(better=result.better, class_default=grading.threshold_for(check, machine)[0],
+                               device_class=machine["device_class"])
+                if json_out is not None:
+                    json_out.write_text(json.dumps(list(found.values())))
+    return list(found.values())
+
+
+def run_checks(numbers: tuple[str, ...], runs: int, out: Path, limit_s: float,
+               course_root: Path = COURSE_ROOT, deadline_s: float | None = None) -> pd.DataFrame:
+    """:func:`checks_of` for each notebook in its own process, ``limit_s`` seconds at most each, and
+    each ended by ``deadline_s`` seconds; the rows so far are written to ``out/checks.json``
+    after every notebook. Returns the table."""
+    rows: list[dict] = []
+    began = time.perf_counter()
+    for number in numbers:
+        started = time.perf_counter()
+        if deadline_s is not None and started - began > deadline_s:
+            rows.append({"notebook": number, "check": f"{number} (every check)", "measured": [],
+                         "statuses": ["error"], "notes": [f"not started: past the {deadline_s:.0f} s deadline"],
+                         "seconds": [0.0]})
+            continue
+        limit = limit_s if deadline_s is None else max(1.0, min(limit_s, deadline_s - (started - began)))
+        with tempfile.NamedTemporaryFile(suffix=".json") as answer:
+            cmd = [sys.executable, "-m", "autograder", "--course", str(course_root), "accept", "--checks-of",
+                   number, "--runs", str(runs), "--json", answer.name]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+                trouble = "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-600:]}"
+            except subprocess.TimeoutExpired:
+                trouble = f"stopped at its limit, {limit:.0f} s: the checks not listed did not finish"
+            got = json.loads(Path(answer.name).read_text() or "[]")  # what finished, even when stopped
+        took = time.perf_counter() - started
+        if trouble:
+            rows.append({"notebook": number, "check": f"{number} ({'the rest' if got else 'every check'})", "measured": [], "statuses": ["error"],
+                         "notes": [trouble], "seconds": [round(took, 1)]})
+        rows += got
+        print(f"accept: notebook {number}'s checks, {took:.0f} s" + (f": {trouble}" if trouble else ""), flush=True)
+        (out / "checks.json").write_text(json.dumps(rows, indent=1))
+    return checks_table(rows)
+
+
+def checks_table(rows: list[dict]) -> pd.DataFrame:
+    """One row per check: the median measurement, its class default and whether it clears it, and
+    for a calibrated check the bar calibrate derives here and whether it clears that."""
+    specs = calibrate.calibrated_checks()
+    table = []
+    for row in rows:
+        values = [v for v in row["measured"] if v is not None]
+        median = statistics.median(values) if values else None
+        statuses = set(row["statuses"])
+        status = statuses.pop() if len(statuses) == 1 else "/".join(sorted(row["statuses"]))
+        bar = row.get("class_default")
+        calibrated = ""
+        if row["check"] in specs and status != "n/a":
+            ok_runs = [v for v, s in zip(row["measured"], row["statuses"]) if v is not None and s != "error"]
+            calibrated, _ = calibrate.derive(row["check"], specs[row["check"]], row.get("device_class", ""), ok_runs)
+        clears = "" if median is None or calibrated in ("", "n/a") else \
+            ("yes" if (median >= calibrated if row.get("better") == "higher" else median <= calibrated) else "no")
+        table.append({"check": row["check"], "measured": median,
+                      "spread": f"{min(values):.3g}-{max(values):.3g}" if len(values) > 1 else "",
+                      "class default": bar if bar is not None else "n/a", "at default": status,
+                      "calibrated": calibrated, "clears it": clears,
+                      "s": statistics.median(row["seconds"]) if row["seconds"] else None,
+                      "note": "; ".join(sorted({n for n in row["notes"] if n}))[:160]})
+    return pd.DataFrame(table).set_index("check") if table else pd.DataFrame()
+
+
+def checks_ready(table: pd.DataFrame) -> list[str]:
+    """What the checks part found wrong: a check that errored or did not run, a reference that fails
+    a check's correctness partner or an uncalibrated check, or a calibrated bar it does not clear.
+    06's end-to-end partner is excused for the ladder it cannot have here (as calibrate excuses it)."""
+    wrong = []
+    for check, row in table.iterrows():
+        status, note = str(row["at default"]), str(row["note"])
+        if "error" in status.split("/"):
+            wrong.append(f"{check}: did not run ({note})")
+        elif "fail" in status.split("/") and note.startswith("correctness check failed:") \
+                and not note.startswith("correctness check failed: the ladder is incomplete"):
+            wrong.append(f"{check}: the reference fails its correctness partner ({note})")
+        elif "fail" in status.split("/") and row["calibrated"] == "":
+            wrong.append(f"{check}: the reference fails it ({note})")
+        elif row["clears it"] == "no":
+            wrong.append(f"{check}: the reference measured {row['measured']:.3g}, calibrated bar {row['calibrated']}")
+    return wrong
+
+
+def grade_reference(numbers: tuple[str, ...], runs: int, out: Path,
+                    course_root: Path = COURSE_ROOT) -> tuple[pd.DataFrame, list[str]]:
+    """``calibrate`` (into ``out/calibration.toml``), then the reference submission graded with it in
+    a scratch course: each notebook's score against its maximum, its time, and its longest cell
+    against the class's cell limit. Returns the table and what is wrong."""
+    from labsupport.hardware import CLASSES, describe_machine
+
+    from . import benchmark
+
+    limit = CLASSES[describe_machine().device_class].cell_timeout_s
+    calibration = out / "calibration.toml"
+    calibrate.calibrate(runs, course_root, calibration, progress=False)
+    with course.environment({"LAB_CALIBRATION": str(calibration)}):
+        _, table = benchmark.grading_time(numbers, course_root, out / "grading-time.txt")
+    table["cell limit s"] = [limit if isinstance(s, str) and s else None for s in table["score"]]
+    wrong = []
+    for notebook, row in table.iterrows():
+        if not row["score"]:
+            continue
+        score, top = (float(v) for v in row["score"].split("/"))
+        if score < top:
+            wrong.append(f"{notebook}: the reference scored {row['score']} (calibrated bars, {out / 'calibration.toml'})")
+        cell = row["longest cell s"]
+        if cell is not None and cell == cell and cell > CELL_HEADROOM * limit:
+            wrong.append(f"{notebook}: its longest cell ({row['longest cell']}) took {cell:.0f} s, over "
+                         f"{CELL_HEADROOM:.0%} of the {limit} s cell limit")
+    return table, wrong
+
+
+def main_checks_of(number: str, runs: int, course_root: Path, json_out: Path) -> int:
+    """The child process of :func:`run_checks`."""
+    checks_of(number, runs, course_root, json_out)
+    return 0
+
+
+def accept(parts: tuple[str, ...] = ("checks", "grade"), runs: int = 3,
+           notebooks: tuple[str, ...] | None = None, course_root: Path = COURSE_ROOT,
+           out: Path | None = None, check_limit_s: float = 1800,
+           deadline_s: float | None = None) -> tuple[Path, list[str]]:
+    """Run the acceptance ``parts`` on this machine; returns ``accept.md``'s path and what failed."""
+    unknown = set(parts) - {"checks", "grade"}
+    if unknown:
+        raise course.CourseError(f"accept has no part {', '.join(sorted(unknown))}: its parts are checks and grade.")
+    from labsupport import notebooks as registry
+    from labsupport.hardware import describe_machine, profile_for
+
+    machine = describe_machine()
+    out = Path(out) if out else REPO_ROOT / "build" / f"accept-{machine.device_class}"
+    out.mkdir(parents=True, exist_ok=True)
+    graded = [nb.number for nb in registry.NOTEBOOKS if nb.graded]
+    numbers = tuple(n for n in (notebooks or graded) if n in graded)  # in the order asked for
+    head = (f"# Acceptance on {machine.cpu_model if machine.device == 'cpu' else machine.device_name}, "
+            f"{dt.datetime.now().isoformat(timespec='minutes')}\n\nClass {machine.device_class}, profile "
+            f"{profile_for(machine.profile).name}, {machine.cpu_cores} cores, torch {machine.torch_version}, "
+            f"parts: {', '.join(parts)}.\n")
+    sections, wrong = [head], []
+    if "checks" in parts:
+        table = run_checks(numbers, runs, out, check_limit_s, course_root, deadline_s)
+        sections.append(f"\n## The reference's checks ({runs} run{'s' * (runs > 1)})\n\n"
+                        + table.to_string(float_format=lambda v: f"{v:.3g}") + "\n")
+        wrong += checks_ready(table)
+    if "grade" in parts:
+        table, problems = grade_reference(numbers, runs, out, course_root)
+        sections.append(f"\n## The reference graded as a student ({runs} calibration run{'s' * (runs > 1)})\n\n"
+                        + table.to_string(float_format=lambda v: f"{v:.1f}") + "\n")
+        wrong += problems
+    verdict = ("**This machine's class is ready.**" if not wrong else
+               "**Not ready:**\n" + "\n".join(f"- {w}" for w in wrong))
+    report = out / "accept.md"
+    report.write_text("".join(sections) + "\n## Verdict\n\n" + verdict + "\n")
+    return report, wrong
