@@ -55,8 +55,6 @@ def checks_of(number: str, runs: int = 1, course_root: Path = COURSE_ROOT,
     every run's measurement, the seconds its group of checks took per run). With ``json_out``, the
     rows so far are written there after each group of checks, so a notebook stopped at its time
     limit still reports the checks it finished."""
-    import importlib
-
     from labsupport import grading
     from labsupport.hardware import describe_machine
 
@@ -69,25 +67,27 @@ def checks_of(number: str, runs: int = 1, course_root: Path = COURSE_ROOT,
         reference.keep_all(course_root=course_root)
         for _ in range(runs):
             fresh = grading.fresh().grading
-            importlib.import_module(f".{fresh.module_name(number)}", fresh.__name__)
-            groups = [ids for ids, _fn in fresh._CHECKS.get(number, []) if not set(ids) <= set(MADE_BY_THE_NOTEBOOK)]
+            groups = [ids for ids in fresh.check_groups(number) if not set(ids) <= set(MADE_BY_THE_NOTEBOOK)]
             namespace = reference.namespace(number, course_root)
             for ids in groups:
                 started = time.perf_counter()
                 results = fresh.run(number, namespace, only=ids, keep=False, skip=MADE_BY_THE_NOTEBOOK)
                 took = time.perf_counter() - started
                 for check, result in results.items():
-                    row = found.setdefault(check, {"notebook": number, "check": check, "measured": [],
-                                                   "statuses": [], "notes": [], "seconds": [], "details": []})
+                    row = found.setdefault(check, {"notebook": number, "check": check, "measured": [], "statuses": [],
+                                                   "reasons": [], "notes": [], "seconds": [], "details": []})
                     row["measured"].append(None if result.measured is None else float(result.measured))
                     row["statuses"].append(result.status)
+                    row["reasons"].append(result.reason)
                     row["notes"].append(result.note)
                     row["seconds"].append(round(took, 1))
                     row["details"].append(json.loads(json.dumps(result.details, default=str)))
                     row.update(better=result.better, class_default=grading.threshold_for(check, machine)[0],
                                device_class=machine["device_class"])
-                if json_out is not None:
-                    json_out.write_text(json.dumps(list(found.values())))
+                if json_out is not None:  # whole or not at all: the process may be stopped at any moment
+                    partial = json_out.with_name(json_out.name + ".partial")
+                    partial.write_text(json.dumps(list(found.values())))
+                    partial.replace(json_out)
     return list(found.values())
 
 
@@ -115,10 +115,11 @@ def run_checks(numbers: tuple[str, ...], runs: int, out: Path, limit_s: float,
             except subprocess.TimeoutExpired:
                 trouble = f"stopped at its limit, {limit:.0f} s: the checks not listed did not finish"
             got = json.loads(Path(answer.name).read_text() or "[]")  # what finished, even when stopped
+            Path(answer.name + ".partial").unlink(missing_ok=True)  # a write the stop cut short
         took = time.perf_counter() - started
         if trouble:
-            rows.append({"notebook": number, "check": f"{number} ({'the rest' if got else 'every check'})", "measured": [], "statuses": ["error"],
-                         "notes": [trouble], "seconds": [round(took, 1)]})
+            rows.append({"notebook": number, "check": f"{number} ({'the rest' if got else 'every check'})",
+                         "measured": [], "statuses": ["error"], "notes": [trouble], "seconds": [round(took, 1)]})
         rows += got
         print(f"accept: notebook {number}'s checks, {took:.0f} s" + (f": {trouble}" if trouble else ""), flush=True)
         (out / "checks.json").write_text(json.dumps(rows, indent=1))
@@ -142,10 +143,15 @@ def checks_table(rows: list[dict]) -> pd.DataFrame:
             calibrated, _ = calibrate.derive(row["check"], specs[row["check"]], row.get("device_class", ""), ok_runs)
         clears = "" if median is None or calibrated in ("", "n/a") else \
             ("yes" if (median >= calibrated if row.get("better") == "higher" else median <= calibrated) else "no")
+        # The reasons of grading.REASONS; 06's end-to-end partner excused where only its ladder is
+        # missing (the checks part runs no notebook), as calibrate excuses it.
+        reasons = set(row.get("reasons", []))
+        if reasons == {"incorrect"} and all(d.get("only_the_ladder_incomplete") for d in row.get("details") or [{}]):
+            reasons = {"ladder excused"}
         table.append({"check": row["check"], "measured": median,
                       "spread": f"{min(values):.3g}-{max(values):.3g}" if len(values) > 1 else "",
                       "class default": bar if bar is not None else "n/a", "at default": status,
-                      "calibrated": calibrated, "clears it": clears,
+                      "reason": "/".join(sorted(reasons)), "calibrated": calibrated, "clears it": clears,
                       "s": statistics.median(row["seconds"]) if row["seconds"] else None,
                       "note": "; ".join(sorted({n for n in row["notes"] if n}))[:160]})
     return pd.DataFrame(table).set_index("check") if table else pd.DataFrame()
@@ -154,14 +160,14 @@ def checks_table(rows: list[dict]) -> pd.DataFrame:
 def checks_ready(table: pd.DataFrame) -> list[str]:
     """What the checks part found wrong: a check that errored or did not run, a reference that fails
     a check's correctness partner or an uncalibrated check, or a calibrated bar it does not clear.
-    06's end-to-end partner is excused for the ladder it cannot have here (as calibrate excuses it)."""
+    06's end-to-end partner is excused for the ladder it cannot have here (as calibrate excuses it),
+    read from the checks' reasons (``grading.REASONS``), not their notes."""
     wrong = []
     for check, row in table.iterrows():
-        status, note = str(row["at default"]), str(row["note"])
+        status, note, reasons = str(row["at default"]), str(row["note"]), str(row["reason"]).split("/")
         if "error" in status.split("/"):
             wrong.append(f"{check}: did not run ({note})")
-        elif "fail" in status.split("/") and note.startswith("correctness check failed:") \
-                and not note.startswith("correctness check failed: the ladder is incomplete"):
+        elif "incorrect" in reasons:
             wrong.append(f"{check}: the reference fails its correctness partner ({note})")
         elif "fail" in status.split("/") and row["calibrated"] == "":
             wrong.append(f"{check}: the reference fails it ({note})")

@@ -44,6 +44,11 @@ def cmd_run(args) -> int:
             print(details[["builds on", "samples/s IQR", "step ms (median)", "change"]].round(1)
                   .to_string(na_rep="-", max_colwidth=70))
         print(f"(-: not measured. {report.LADDER_NOTE})")
+        roof = report.roofline(lad, describe_machine().device)
+        if not roof.empty:
+            print("\nHow close each rung runs to this machine's limit (FLOPs counted on the step; the peak: "
+                  "a dense matmul in the rung's dtype, measured now):")
+            print(roof.round(1).to_string())
     for line in lad.missing:
         print("missing:", line)
     if misses:

@@ -37,6 +37,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import re
 import signal
 import shlex
 import stat
@@ -173,8 +174,9 @@ class Sandbox:
             mounts += parents(path) + ["--ro-bind-try", str(path), str(path)]
         for source, path in [(p, p) for p in self.writable] + list(self.mounts):
             mounts += parents(Path(path)) + ["--bind", str(source), str(path)]
-        if _cuda_present():  # the GPU's device files, the driver's view of the hardware, its libraries
-            mounts += [a for dev in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(dev), str(dev))]
+        if _cuda_present():  # this grader's GPUs' device files, the driver's view of the hardware, its libraries
+            own = _visible_gpu_uuids() if _GPU_FILES["own"] else None
+            mounts += [a for dev in gpu_device_files(own) for a in ("--dev-bind", str(dev), str(dev))]
             mounts += ["--ro-bind", "/sys", "/sys"]
             for folder in driver_folders():
                 mounts += parents(folder) + ["--ro-bind-try", str(folder), str(folder)]
@@ -206,6 +208,50 @@ def _cuda_present() -> bool:
     return any(Path(p).exists() for p in ("/dev/nvidia0", "/dev/nvidiactl"))
 
 
+# Whether a sandbox gets its grader's GPUs' device files alone (see gpu_device_files); gpu_problem
+# turns it off, saying so, on a machine where CUDA in the sandbox then sees no GPU.
+_GPU_FILES = {"own": True}
+
+
+def _visible_gpu_uuids() -> list[str] | None:
+    """The UUIDs of the GPUs this grader's torch sees (under ``--jobs`` or Slurm, its slot's alone:
+    CUDA_VISIBLE_DEVICES), as the driver writes them ("GPU-..."); None where torch cannot say."""
+    try:
+        import torch
+
+        uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+    except Exception:
+        return None
+    return [u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}" for u in uuids] or None
+
+
+def gpu_device_files(uuids: list[str] | None, gpus: Path = Path("/proc/driver/nvidia/gpus"),
+                     dev: Path = Path("/dev")) -> list[Path]:
+    """The NVIDIA device files a sandbox gets: the driver's shared ones (``nvidiactl``, ``nvidia-uvm``,
+    ``nvidia-modeset``, ...) and, of the GPUs' own ``/dev/nvidiaN``, only those of the GPUs with
+    ``uuids`` (their ``Device Minor`` in the driver's ``gpus/*/information``). Student code that
+    resets CUDA_VISIBLE_DEVICES then still reaches no other GPU: the device files of another slot's
+    GPU are not in its sandbox. Every GPU's file where ``uuids`` is None or one of them is not
+    found in the driver's list (a MIG slice, a driver that lists none): the grader's probe
+    (:func:`gpu_problem`) then still checks that the sandbox sees what the grader sees."""
+    shared = [d for d in sorted(dev.glob("nvidia*")) if not re.fullmatch(r"nvidia\d+", d.name)]
+    own = {d.name: d for d in sorted(dev.glob("nvidia*")) if re.fullmatch(r"nvidia\d+", d.name)}
+    if uuids is None:
+        return sorted(shared + list(own.values()))
+    minors = {}
+    for info in sorted(gpus.glob("*/information")):
+        try:
+            fields = dict(line.split(":", 1) for line in info.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        uuid, minor = fields.get("GPU UUID", "").strip(), fields.get("Device Minor", "").strip()
+        if uuid and minor.isdigit():
+            minors[uuid] = f"nvidia{minor}"
+    if not all(u in minors and minors[u] in own for u in uuids):
+        return sorted(shared + list(own.values()))
+    return sorted(shared + [own[minors[u]] for u in uuids])
+
+
 DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so")
 
 
@@ -232,6 +278,16 @@ def driver_folders(maps: str | None = None) -> list[Path]:
     return sorted(seen)
 
 
+def _gpus_seen(box: "Sandbox") -> tuple[int, subprocess.CompletedProcess | None]:
+    """How many CUDA devices torch sees inside ``box``, and the probe's process (None if it failed)."""
+    probe = "import torch; print(torch.cuda.device_count())"
+    try:
+        done = subprocess.run(box.command([sys.executable, "-c", probe]), capture_output=True, text=True, timeout=300)
+        return int(done.stdout.strip().splitlines()[-1]), done
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return 0, None
+
+
 def gpu_problem(box: "Sandbox") -> str | None:
     """Why a sandbox on this GPU machine would not see its GPU (None when it does, or where the
     grader itself sees none). Grading such a sandbox would measure a CPU and grade it as a GPU."""
@@ -243,13 +299,15 @@ def gpu_problem(box: "Sandbox") -> str | None:
         want = torch.cuda.device_count()
     except Exception:
         return None
-    probe = "import torch; print(torch.cuda.device_count())"
-    try:
-        done = subprocess.run(box.command([sys.executable, "-c", probe]), capture_output=True, text=True, timeout=300)
-        seen = int(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        seen = 0
-        done = None
+    seen, done = _gpus_seen(box)
+    if seen != want and _GPU_FILES["own"]:  # CUDA here may need every GPU's device file to start
+        _GPU_FILES["own"] = False
+        seen, done = _gpus_seen(box)
+        if seen == want:
+            print("warning: with only this grader's GPU's device file, CUDA in the sandbox saw no GPU: every "
+                  "GPU's device file is bound, and a submission that resets CUDA_VISIBLE_DEVICES could reach "
+                  "another slot's GPU on this node", file=sys.stderr)
+            return None
     if seen == want:
         return None
     tail = (done.stderr.strip().splitlines() or [""])[-1][:200] if done is not None else ""

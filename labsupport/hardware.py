@@ -114,7 +114,7 @@ class DeviceClass:
 # partner, since fixed or explained: 04's accumulation (cuDNN's algorithms for the two batch sizes
 # differ by more than a float32 tolerance: the floor is now measured on the device) and 07's int8
 # checks (that torch and torchao's PT2E flow left the model in float32). The checks' own times were
-# 1-2 minutes per notebook; the notebooks' cells and grading there are still unmeasured.
+# up to 3 minutes per notebook; the notebooks' cells and grading there are still unmeasured.
 CLASSES: dict[str, DeviceClass] = {
     c.name: c
     for c in (

@@ -158,6 +158,30 @@ def micro(fn: Callable[[], object], label: str, *, min_run_time_s: float = 0.5):
     return timer.blocked_autorange(min_run_time=min_run_time_s)
 
 
+# The matmul of the peak microbenchmark: large enough to run near a device's peak, small enough
+# that a CPU measures it in a second (a 2048 x 2048 x 2048 matmul is 17 GFLOP).
+PEAK_MATMUL_N = {"cuda": 8192, "mps": 4096, "cpu": 1024}
+
+
+def matmul_peak(device: torch.device | str, dtype: torch.dtype = torch.float32, *, n: int | None = None,
+                min_run_time_s: float = 0.5) -> Spread:
+    """FLOP/s that one ``n x n`` matmul in ``dtype`` reaches on ``device``: the achievable peak a
+    step's FLOP/s is read against (Used by: report.roofline, ``make run``, 06).
+
+    Timed with :func:`micro` (``torch.utils.benchmark``): the median and spread of its blocks'
+    per-call times, as FLOP/s (2 n^3 per matmul). On CUDA it runs with torch's settings as they
+    are: float32 matmuls in TF32 only where ``torch.backends.cuda.matmul.fp32_precision`` says so.
+    A dense matmul is the best case: a convolution network's own kernels reach less of it.
+    """
+    device = torch.device(device)
+    n = n or PEAK_MATMUL_N.get(device.type, 1024)
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    m = micro(lambda: torch.mm(a, b), f"{n}x{n} matmul, {dtype}", min_run_time_s=min_run_time_s)
+    flop = 2 * n ** 3
+    per_s = [flop / t for t in m.times]
+    return Spread.of(per_s)
+
+
 def one_off_s(fn: Callable[[], object], device: torch.device | str) -> float:
     """Wall seconds of one call, synchronised before both clock reads (Used by: 05, 06).
 

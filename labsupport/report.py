@@ -51,6 +51,8 @@ class Ladder:
     rows: pd.DataFrame = field(default_factory=pd.DataFrame)  # the records behind it: stage, batch, metrics
     missing: list[str] = field(default_factory=list)  # "stage: why, and which notebook to run"
     machine: dict = field(default_factory=dict)  # the machine the rungs were measured on
+    # Per recorded rung: how its step was set up, {stage: {"amp_dtype", "image_size"}} (for roofline)
+    setups: dict = field(default_factory=dict)
 
 
 def _same_machine(a: dict, b: dict) -> bool:
@@ -74,7 +76,7 @@ def ladder(directory: Path | str | None = None, machine: dict | None = None,
             missing.append(f"{stage} ({label}): {err}")
     if machine is None and records:
         machine = next(iter(records.values()))["machine"]
-    rows = []
+    rows, setups = [], {}
     for stage, label in RUNGS:
         rec = records.get(stage)
         if rec is None:
@@ -87,9 +89,11 @@ def ladder(directory: Path | str | None = None, machine: dict | None = None,
         nb = notebooks.by_stage(stage)
         rows.append({"stage": stage, "batch": (rec.get("profile") or {}).get("batch_size"),
                      "change": nb.change or "", "builds_on": nb.builds_on, **rec["metrics"]})
+        setups[stage] = {"amp_dtype": (rec.get("config") or {}).get("amp_dtype"),
+                         "image_size": (rec.get("profile") or {}).get("image_size")}
     frame = pd.DataFrame(rows, columns=None if rows else ["stage", "batch", "change", "samples_per_s"])
     table = assemble(frame.copy()) if assemble else pd.DataFrame(columns=list(COLUMNS))
-    return Ladder(table, frame, missing, machine or {})
+    return Ladder(table, frame, missing, machine or {}, setups)
 
 
 def measure_rung(stage: str, step, loader, lab, *, profile=None, progress: bool = True, **extra) -> dict:
@@ -145,6 +149,40 @@ def rung_details(lad: Ladder) -> pd.DataFrame:
                                        if pd.notna(iqr) and pd.notna(batch) and pd.notna(median) else ""),
                      "step ms (median)": median, "peak MiB": get("peak_bytes") / 2**20,
                      "accuracy %": 100 * get("accuracy")})
+    return pd.DataFrame(rows).set_index("rung") if rows else pd.DataFrame()
+
+
+def roofline(lad: Ladder, device: "torch.device | str", peaks: dict[str, float] | None = None) -> pd.DataFrame:
+    """How close each rung's step runs to what ``device`` can do (Used by: ``make run``, the report).
+
+    Per recorded rung: the FLOPs of one training image (:func:`train.step_flops`, counted on the
+    step itself), times its images/s, against the achievable peak of a dense matmul in the rung's
+    dtype on this device (:func:`measure.matmul_peak`, measured now unless ``peaks`` gives FLOP/s
+    by dtype name). A rung near 100% is compute-bound at its arithmetic's limit: only cheaper
+    arithmetic (a 16-bit dtype) or less work can pay there; one far below it waits on something
+    else (data, launches, memory traffic). The counter counts matmuls and convolutions only.
+    """
+    import torch
+
+    from . import hardware, measure, train
+
+    hardware.quiet_library_logs(torch.device(device))  # torch.utils.benchmark's import warns off CUDA
+    peaks, counted = dict(peaks or {}), {}
+    rows = []
+    for _, rec in lad.rows.iterrows():
+        setup = lad.setups.get(rec["stage"], {})
+        size, dtype = setup.get("image_size"), setup.get("amp_dtype") or "float32"
+        per_s = rec.get("samples_per_s")
+        if not size or per_s is None or pd.isna(per_s):
+            continue
+        if dtype not in peaks:
+            peaks[dtype] = measure.matmul_peak(device, getattr(torch, dtype)).median
+        per_image = counted.setdefault(size, train.step_flops(size))
+        flops = per_image * float(per_s)
+        rows.append({"rung": dict(RUNGS).get(rec["stage"], rec["stage"]), "dtype": dtype,
+                     "GFLOP per image": per_image / 1e9, "samples/s": float(per_s),
+                     "GFLOP/s": flops / 1e9, "peak GFLOP/s (matmul)": peaks[dtype] / 1e9,
+                     "% of peak": 100 * flops / peaks[dtype]})
     return pd.DataFrame(rows).set_index("rung") if rows else pd.DataFrame()
 
 
@@ -291,6 +329,17 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
         if not details.empty:
             parts += ['<h2 id="rungs">Each rung: what changed, spread, memory</h2>',
                       _table(details, "rungs", float_format=lambda v: f"{v:,.1f}")]
+        from .hardware import describe_machine
+
+        here = describe_machine()
+        if lad.machine and _same_machine(lad.machine, here.as_dict()):  # the peak is this machine's
+            roof = roofline(lad, here.device)
+            if not roof.empty:
+                parts += ['<h2 id="roofline">How close to the machine\'s limit</h2>',
+                          "<p>FLOPs of a training image counted on the step (matmuls and convolutions; "
+                          "not elementwise operators or data movement), times the rung's images/s, "
+                          "against a dense matmul in the rung's dtype on this machine, measured now.</p>",
+                          _table(roof, "roofline", float_format=lambda v: f"{v:,.1f}")]
     if lad.missing:
         parts += ['<h2 id="missing">Missing stages</h2>', "<ul>"] + \
                  [f"<li>{html.escape(m)}</li>" for m in lad.missing] + ["</ul>"]

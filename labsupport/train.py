@@ -234,6 +234,28 @@ def grads_and_stats(net: nn.Module, model: nn.Module, images: torch.Tensor, labe
     return grads, stats
 
 
+def step_flops(image_size: int, batch_size: int = 1, num_classes: int = 10) -> int:
+    """FLOPs of one training step of the lab's ResNet-18 on ``batch_size`` images of ``image_size``
+    px: forward and backward, counted by ``torch.utils.flop_counter.FlopCounterMode`` on the
+    step itself, run on the meta device (shapes only, nothing computed) (Used by: report.roofline).
+
+    What it counts: the matmuls and convolutions (2 FLOPs per multiply-add), forward and backward;
+    the first convolution computes no gradient for the images. What it does not: elementwise
+    operators (BatchNorm, ReLU, the optimizer's update), data movement, and the recomputation of a
+    checkpointed step (the model's FLOPs, as utilisation figures count them). The same on every
+    rung: AMP, channels_last and compile change how fast the FLOPs run, not how many there are.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = torchvision.models.resnet18(num_classes=num_classes)
+        images = torch.empty(batch_size, 3, image_size, image_size)
+        labels = torch.zeros(batch_size, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(images), labels).backward()
+    return int(counter.get_total_flops())
+
+
 def group_norm_resnet(seed: int = 0) -> nn.Module:
     """ResNet-18 with GroupNorm in place of BatchNorm (Used by: 04's accumulation check).
 

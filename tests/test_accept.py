@@ -7,10 +7,14 @@ import json
 from autograder import accept
 
 
-def _row(check, measured, status, *, better="higher", default=None, note="", device_class="cpu"):
-    return {"notebook": check[:2], "check": check, "measured": measured, "statuses": [status] * max(1, len(measured)),
-            "notes": [note] * max(1, len(measured)), "seconds": [1.0] * max(1, len(measured)), "better": better,
-            "class_default": default, "device_class": device_class}
+def _row(check, measured, status, *, better="higher", default=None, note="", device_class="cpu", reason=None,
+         details=None):
+    """A row as accept.checks_of writes it: one entry per run."""
+    n = max(1, len(measured))
+    reason = reason or {"pass": "pass", "n/a": "n/a", "fail": "below bar", "error": "error"}[status]
+    return {"notebook": check[:2], "check": check, "measured": measured, "statuses": [status] * n,
+            "reasons": [reason] * n, "notes": [note] * n, "seconds": [1.0] * n, "details": [details or {}] * n,
+            "better": better, "class_default": default, "device_class": device_class}
 
 
 def test_a_class_is_ready_only_when_the_reference_clears_every_check():
@@ -28,13 +32,24 @@ def test_a_class_is_ready_only_when_the_reference_clears_every_check():
     assert slow.loc["02-loader-speedup", "calibrated"] == 1.7 and accept.checks_ready(slow) == []
 
     not_ready = accept.checks_table(ready + [
-        _row("04-accum-match", [0.0], "fail", default=1.0, note="correctness check failed: gradients #0 differs"),
+        _row("04-accum-match", [0.0], "fail", default=1.0, note="correctness check failed: gradients #0 differs",
+             reason="incorrect"),
         _row("07 (the rest)", [], "error", note="stopped at its limit, 150 s"),
         _row("05-compile-speedup", [1.05, 1.06], "fail", default=1.25)])  # calibrated: n/a, said as such
     wrong = accept.checks_ready(not_ready)
     assert any(w.startswith("04-accum-match: the reference fails its correctness partner") for w in wrong), wrong
     assert any(w.startswith("07 (the rest): did not run (stopped at its limit") for w in wrong), wrong
     assert not_ready.loc["05-compile-speedup", "calibrated"] == "n/a"
+
+    # 06's end-to-end without the ladder the checks part cannot have: excused, as calibrate excuses it;
+    # any other partner of it is not.
+    ladder = dict(note="correctness check failed: the ladder is incomplete", reason="incorrect", default=5.0)
+    excused = accept.checks_table([_row("06-end-to-end", [40.0], "fail", **ladder,
+                                        details={"only_the_ladder_incomplete": True})])
+    assert accept.checks_ready(excused) == [] and excused.loc["06-end-to-end", "reason"] == "ladder excused"
+    broken = accept.checks_table([_row("06-end-to-end", [40.0], "fail", **ladder,
+                                       details={"only_the_ladder_incomplete": False})])
+    assert "correctness partner" in accept.checks_ready(broken)[0]
 
 
 def test_a_notebook_stopped_at_its_limit_is_reported_not_ready(tmp_path, tiny_data, monkeypatch):
@@ -57,3 +72,19 @@ def test_accept_tables_the_references_checks_against_the_class_defaults(tmp_path
         assert check in text
     assert "01-trace" not in text  # read from the notebook's own run: the grade part's
     assert "This machine's class is ready." in text
+
+
+def test_calibrate_excuses_only_06s_missing_ladder():
+    """Read from the check's reason and details, not its note."""
+    from autograder import calibrate
+    from labsupport.grading import CheckResult
+
+    def result(reason, details=None, measured=40.0):
+        return CheckResult("06-end-to-end", measured, 5.0, "higher", "cpu", "fail" if reason != "pass" else "pass",
+                           "correctness check failed: the ladder is incomplete", details or {}, reason)
+
+    assert calibrate._usable(result("incorrect", {"only_the_ladder_incomplete": True}))
+    assert not calibrate._usable(result("incorrect", {"only_the_ladder_incomplete": False}))
+    assert not calibrate._usable(result("incorrect"))
+    assert calibrate._usable(result("below bar")) and calibrate._usable(result("pass"))
+    assert not calibrate._usable(result("pass", measured=None))

@@ -675,6 +675,36 @@ def test_07_int8_speed_is_graded_at_a_profile_that_grades_speed(monkeypatch):
     assert found["07-int8-accuracy"].measured is not None
 
 
+def test_07_serves_with_freezing_on_whatever_05_chose():
+    """On a GPU the right 05 answer is a plain ``torch.compile(model)``, which leaves Inductor's
+    freezing off; without it the int8 lowering fails. 07 compiles its CPU models with the student's
+    function inside ``compress.serving()``, which turns freezing on (and off again after)."""
+    import torch._inductor.config as inductor
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 6 * 6, 4)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    quantizer = X86InductorQuantizer()
+    quantizer.set_global(get_default_x86_inductor_quantization_config())
+    with ls.compress.quiet():
+        prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
+        prepared(x)
+        int8 = convert_pt2e(prepared)
+    torch.compiler.reset()
+    with inductor.patch(freezing=False):  # what a plain 05 answer leaves (the reference's sets it)
+        with ls.compress.serving():
+            assert inductor.freezing and not torch.is_grad_enabled()
+            fast = torch.compile(int8)  # the plain 05 answer
+            got = fast(x)
+        assert not inductor.freezing
+    want = int8(x)  # eager: float32 between its quantise and dequantise steps, not the int8 kernels
+    assert got.shape == want.shape and float((got - want).norm() / want.norm()) < 0.2
+
+
 def test_02_an_epoch_that_repeats_a_batch_fails_even_unfinished():
     """Honest for one epoch, then the same batch again and again: the timing never finishes the
     second epoch, and at the real profile its labels would not exceed the dataset's counts for a
@@ -710,3 +740,20 @@ def test_02_an_epoch_that_repeats_a_batch_fails_even_unfinished():
                 if k == 2:
                     break
         assert (want in recorder.problems(expected, 2, kinds)) if want else recorder.problems(expected, 2, kinds) == ""
+
+
+def test_03_says_what_precision_its_fp32_baseline_ran_in_on_cuda():
+    """On a GPU the speedup's fp32 step is fp32 as PyTorch runs it by default (TF32 convolutions on
+    Ampere and newer); the note says which, read from torch's settings (no GPU needed to read them)."""
+    from labsupport import train
+    from labsupport.grading import g03_amp
+
+    assert g03_amp.baseline_precision(torch.device("cpu")) == ""
+    with train.exact_fp32():
+        assert "convolutions in ieee, matmuls in ieee" in g03_amp.baseline_precision(torch.device("cuda"))
+    conv = torch.backends.cudnn.conv.fp32_precision
+    try:
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        assert "convolutions in tf32" in g03_amp.baseline_precision(torch.device("cuda"))
+    finally:
+        torch.backends.cudnn.conv.fp32_precision = conv

@@ -129,8 +129,10 @@ def test_cpu_utilisation_tells_a_busy_process_from_an_idle_one():
     busy = measure.utilisation(lambda: [x @ x for _ in range(60)], "cpu", interval_s=0.05)
     idle = measure.utilisation(lambda: time.sleep(0.5), "cpu", interval_s=0.05)
     assert "cores kept busy" in busy.what and busy.samples >= 3 and idle.samples >= 3
-    # 20%: with a second CPU-bound process beside this one, the matmuls still get about half of 2 cores
-    assert busy.percent > 20 > idle.percent, (busy, idle)
+    # One thread (OMP_NUM_THREADS=1) is at most 50% of 2 cores; beside make test's other worker and
+    # the graders it starts, it got 17% once (a fixed 20% bar failed). Busy must read well above
+    # idle, and idle near nothing: a sampler that reads nothing, or the same number for both, fails.
+    assert busy.percent > max(5.0, 5 * idle.percent) and idle.percent < 5, (busy, idle)
 
 
 def test_gpu_utilisation_falls_back_to_nvidia_smi_without_nvml(monkeypatch):

@@ -128,3 +128,68 @@ def test_html_report_renders_in_headless_chromium(tmp_path, width):
     if keep:  # for looking at: LAB_SCREENSHOTS=build/screens make test
         keep.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, keep / shot.name)
+
+
+def test_a_steps_flops_are_counted_as_a_hand_count_of_its_layers_gives():
+    """FlopCounterMode on the step itself, against the multiply-adds of every convolution and the
+    linear layer read from their shapes: forward once, backward twice (inputs' and weights'
+    gradients), except the first convolution's gradient for the images, which nothing needs."""
+    import torch
+    import torchvision
+
+    from labsupport import train
+
+    size, macs = 64, {}
+    with torch.device("meta"):
+        model = torchvision.models.resnet18(num_classes=10)
+    for name, layer in model.named_modules():
+        if isinstance(layer, (torch.nn.Conv2d, torch.nn.Linear)):
+            def hook(module, args, out, name=name):
+                per_output = (module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+                              if isinstance(module, torch.nn.Conv2d) else module.in_features)
+                macs[name] = out[0].numel() * per_output
+            layer.register_forward_hook(hook)
+    with torch.device("meta"):
+        model(torch.empty(1, 3, size, size))
+    hand = 2 * (3 * sum(macs.values()) - macs["conv1"])
+    counted = train.step_flops(size)
+    assert abs(counted - hand) / hand < 0.05, (counted, hand)
+    assert train.step_flops(size, batch_size=4) == 4 * counted
+
+
+def test_the_peak_is_a_figure_with_its_spread_and_the_roofline_reads_a_rung_against_it():
+    import torch
+
+    from labsupport import measure, train
+
+    peak = measure.matmul_peak("cpu", torch.float32, n=256, min_run_time_s=0.05)
+    assert peak.median > 0 and peak.q1 <= peak.median <= peak.q3 and peak.n >= 1
+
+    import pandas as pd
+
+    rows = pd.DataFrame([{"stage": "01-baseline", "samples_per_s": 100.0},
+                                {"stage": "03-amp", "samples_per_s": 300.0}])
+    lad = report.Ladder(pd.DataFrame(), rows, setups={"01-baseline": {"amp_dtype": None, "image_size": 64},
+                                                             "03-amp": {"amp_dtype": "bfloat16", "image_size": 64}})
+    roof = report.roofline(lad, "cpu", peaks={"float32": 200e9, "bfloat16": 400e9})
+    per_image = train.step_flops(64)
+    assert list(roof["dtype"]) == ["float32", "bfloat16"]
+    assert roof["% of peak"].tolist() == pytest.approx([100 * per_image * 100 / 200e9, 100 * per_image * 300 / 400e9])
+
+
+def test_a_report_made_where_the_ladder_was_measured_reads_each_rung_against_the_peak(tmp_path):
+    """The peak is measured now, so the section appears only where the rungs were measured (the
+    full report above, of another machine, has none)."""
+    from labsupport.hardware import describe_machine
+
+    here = describe_machine().as_dict()
+    for stage, dtype in (("01-baseline", None), ("03-amp", "bfloat16")):
+        results.record(stage, {"samples_per_s": 50.0, "median_ms": 640.0}, config={"amp_dtype": dtype},
+                       machine=here, profile={"batch_size": 32, "image_size": 64}, directory=tmp_path / "results")
+    lad = report.ladder(tmp_path / "results", assemble=_assemble())
+    from labsupport import grading
+
+    checks = grading.table([grading.CheckResult("02-loader-speedup", 5.1, 3.0, "higher", "cpu", "pass")])
+    html = report.export_html(tmp_path / "report.html", lad, checks=checks, analysis="-").read_text()
+    assert 'id="roofline"' in html and "% of peak" in html and "bfloat16" in html
+    assert 'id="roofline"' not in _full_report(tmp_path / "other").read_text()

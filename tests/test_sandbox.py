@@ -194,3 +194,29 @@ def test_the_gpu_driver_is_bound_wherever_it_lives():
             "7f06-7f07 rw-p 0 00:00 0 [heap]\n")
     assert sandbox.driver_folders(maps) == [sandbox.Path("/cm/local/apps/cuda-driver/libs/580/lib64")]
     assert sandbox.gpu_problem(sandbox.Sandbox(writable=(), readable=())) is None  # no GPU here: nothing to check
+
+
+def test_a_sandbox_gets_only_its_own_gpus_device_file(tmp_path):
+    """Under --jobs or Slurm a grader sees one GPU (CUDA_VISIBLE_DEVICES); its sandbox gets that
+    GPU's /dev/nvidiaN and the driver's shared files, never another slot's GPU, so student code
+    that resets CUDA_VISIBLE_DEVICES reaches no other GPU. A fake driver list and /dev tree."""
+    dev, gpus = tmp_path / "dev", tmp_path / "gpus"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools",
+                 "nvidia-modeset", "null"):
+        (dev / name).touch()
+    (dev / "nvidia-caps").mkdir()
+    # The driver numbers its device files by minor, not in CUDA's order: bus 3b is minor 2.
+    for bus, uuid, minor in (("0000:1a:00.0", "GPU-aaaa", 0), ("0000:2b:00.0", "GPU-bbbb", 1),
+                             ("0000:3b:00.0", "GPU-cccc", 2), ("0000:4c:00.0", "GPU-dddd", 3)):
+        (gpus / bus).mkdir(parents=True)
+        (gpus / bus / "information").write_text(
+            f"Model: \t NVIDIA H100 80GB HBM3\nIRQ: \t 1\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n"
+            f"Device Minor: \t {minor}\nGPU Excluded: \t No\n")
+    shared = ["nvidia-caps", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
+    names = lambda uuids: [p.name for p in sandbox.gpu_device_files(uuids, gpus, dev)]  # noqa: E731
+    assert names(["GPU-cccc"]) == sorted(shared + ["nvidia2"])
+    assert names(["GPU-dddd", "GPU-aaaa"]) == sorted(shared + ["nvidia0", "nvidia3"])
+    every = sorted(shared + ["nvidia0", "nvidia1", "nvidia2", "nvidia3"])
+    assert names(None) == every  # torch could not say which: every GPU, and the probe checks the sandbox
+    assert names(["MIG-1234"]) == every  # not in the driver's list

@@ -261,6 +261,12 @@ def register(*ids: str):
     return add
 
 
+def check_groups(number: str) -> list[tuple[str, ...]]:
+    """Notebook ``number``'s checks, in the groups one check function measures together, in order."""
+    importlib.import_module(f".{module_name(number)}", __name__)  # registers the notebook's checks
+    return [ids for ids, _ in _CHECKS.get(number, [])]
+
+
 def module_name(number: str) -> str:
     """The module of notebook ``number``'s checks: ``g`` + its file's stem (``g02_data_loading``)."""
     return "g" + Path(notebooks.get(number).file).stem

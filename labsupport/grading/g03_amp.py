@@ -43,6 +43,21 @@ def precision(choose: Callable, machine) -> tuple[torch.dtype | None, bool]:
     return dtype, channels_last
 
 
+def baseline_precision(device: torch.device) -> str:
+    """On CUDA, what the fp32 baseline of the speedup ran in, as a note: the lab compares with fp32 as
+    PyTorch runs it by default, whose convolutions are TF32 on Ampere and newer (03's text says so);
+    "" elsewhere, where float32 is float32."""
+    if device.type != "cuda":
+        return ""
+    def effective(*owners) -> str:  # a setting of "none" inherits its parent's
+        return next((o.fp32_precision for o in owners if o.fp32_precision != "none"), "ieee")
+
+    b = torch.backends
+    conv, matmul = effective(b.cudnn.conv, b.cudnn, b), effective(b.cuda.matmul, b)
+    return (f"; the fp32 step ran as PyTorch runs it by default: convolutions in {conv}, matmuls in {matmul} "
+            "(fp32_precision)")
+
+
 @register("03-amp-speedup", "03-activation-ratio")
 def amp_speed_and_memory(namespace, lab):
     """A mixed-precision step that trains is faster than fp32 and saves fewer activation bytes."""
@@ -64,7 +79,7 @@ def amp_speed_and_memory(namespace, lab):
     cmp = measure.compare(lambda: fp32(ref_x, ref_y), lambda: amp(amp_x, amp_y), lab.device,
                           rounds=lab.profile.rounds, steps_per_round=lab.profile.steps_per_round)
     fast = speed(lab, "03-amp-speedup", cmp.speedup.median, correct=correct, why_incorrect=why)
-    fast = dataclasses.replace(fast, note=(fast.note + "; " if fast.note else "") + str(cmp))
+    fast = dataclasses.replace(fast, note=(fast.note + "; " if fast.note else "") + str(cmp) + baseline_precision(lab.device))
     ref_bytes = memory.saved_activation_bytes(lambda: fp32(ref_x, ref_y), fp32.model)
     amp_bytes = memory.saved_activation_bytes(lambda: amp(amp_x, amp_y), amp.model)
     mem = judge("03-activation-ratio", amp_bytes / ref_bytes, lab.machine.as_dict(),

@@ -167,7 +167,7 @@ def int8(namespace, lab):
     if lab.profile.grades_speed and correct:
         compile_inference = carried("05", lab).compile_inference  # your 05 compile, for both sides
         torch.compiler.reset()
-        with compress.quiet(), torch.no_grad():
+        with compress.serving():  # no_grad, and freezing on whatever 05 chose (int8 kernels need it)
             fast_fp32, fast_int8 = compile_inference(fp32), compile_inference(q)
             fast_fp32(batch), fast_int8(batch)  # the compiles, outside the timing
             cmp = measure.compare(lambda: fast_fp32(batch), lambda: fast_int8(batch), compress.CPU,
