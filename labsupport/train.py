@@ -247,13 +247,16 @@ def step_flops(image_size: int, batch_size: int = 1, num_classes: int = 10) -> i
     """
     from torch.utils.flop_counter import FlopCounterMode
 
+    # Counted on 2 images at least, then scaled (every counted FLOP is per image): BatchNorm in
+    # training mode refuses one image whose last feature map is 1 x 1 (32 px and below).
+    counted = max(batch_size, 2)
     with torch.device("meta"):
         model = torchvision.models.resnet18(num_classes=num_classes)
-        images = torch.empty(batch_size, 3, image_size, image_size)
-        labels = torch.zeros(batch_size, dtype=torch.long)
+        images = torch.empty(counted, 3, image_size, image_size)
+        labels = torch.zeros(counted, dtype=torch.long)
     with FlopCounterMode(display=False) as counter:
         F.cross_entropy(model(images), labels).backward()
-    return int(counter.get_total_flops())
+    return int(counter.get_total_flops()) * batch_size // counted
 
 
 def group_norm_resnet(seed: int = 0) -> nn.Module:

@@ -155,6 +155,7 @@ def test_a_steps_flops_are_counted_as_a_hand_count_of_its_layers_gives():
     counted = train.step_flops(size)
     assert abs(counted - hand) / hand < 0.05, (counted, hand)
     assert train.step_flops(size, batch_size=4) == 4 * counted
+    assert train.step_flops(32) > 0  # one image's last feature map is 1 x 1 there (BatchNorm refuses it alone)
 
 
 def test_the_peak_is_a_figure_with_its_spread_and_the_roofline_reads_a_rung_against_it():
