@@ -10,8 +10,8 @@ if importlib.util.find_spec("labsupport") is None:  # Colab, or a kernel without
                            "release --student-url URL (a git+https:// repository, zip or wheel of build/student).")
     import importlib.metadata as md  # Colab's own torch is used if it is new enough: never replaced
     have = md.version("torch") if importlib.util.find_spec("torch") else None
-    if have and tuple(int(p) for p in have.split("+")[0].split(".")[:2]) < (2, 9):
-        raise RuntimeError(f"This runtime's torch is {have}; the lab needs 2.9 or newer. Run "
+    if have and tuple(int(p) for p in have.split("+")[0].split(".")[:2]) < (2, 11):
+        raise RuntimeError(f"This runtime's torch is {have}; the lab needs 2.11 or newer. Run "
                            "`!pip install -U torch torchvision` in a cell, then Runtime > Restart session, "
                            "and run this cell again (or pick a newer runtime version).")
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", LAB_URL], check=True)

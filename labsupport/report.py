@@ -89,11 +89,28 @@ def ladder(directory: Path | str | None = None, machine: dict | None = None,
         nb = notebooks.by_stage(stage)
         rows.append({"stage": stage, "batch": (rec.get("profile") or {}).get("batch_size"),
                      "change": nb.change or "", "builds_on": nb.builds_on, **rec["metrics"]})
-        setups[stage] = {"amp_dtype": (rec.get("config") or {}).get("amp_dtype"),
-                         "image_size": (rec.get("profile") or {}).get("image_size")}
+        setups[stage] = _setup(rec)
     frame = pd.DataFrame(rows, columns=None if rows else ["stage", "batch", "change", "samples_per_s"])
     table = assemble(frame.copy()) if assemble else pd.DataFrame(columns=list(COLUMNS))
     return Ladder(table, frame, missing, machine or {}, setups)
+
+
+# What a rung's record may say about its step, for the roofline (records come from results
+# stores that a student's code wrote; an instructor's report reads them): anything else is dropped.
+SETUP_DTYPES = ("float32", "bfloat16", "float16")
+SETUP_SIZES = range(16, 1025)
+
+
+def _setup(rec: dict) -> dict:
+    """The step's dtype and image size from rung record ``rec``, each only if it is one the lab runs
+    (a dtype name of :data:`SETUP_DTYPES`, an integer size in :data:`SETUP_SIZES`), else None: the
+    roofline then leaves the rung out rather than count FLOPs at a size or dtype it was handed."""
+    config, profile = rec.get("config"), rec.get("profile")
+    dtype = config.get("amp_dtype") if isinstance(config, dict) else None
+    size = profile.get("image_size") if isinstance(profile, dict) else None
+    if dtype is not None and not (isinstance(dtype, str) and dtype in SETUP_DTYPES):
+        return {"amp_dtype": None, "image_size": None}
+    return {"amp_dtype": dtype, "image_size": size if type(size) is int and size in SETUP_SIZES else None}
 
 
 def measure_rung(stage: str, step, loader, lab, *, profile=None, progress: bool = True, **extra) -> dict:
@@ -172,6 +189,8 @@ def roofline(lad: Ladder, device: "torch.device | str", peaks: dict[str, float] 
     for _, rec in lad.rows.iterrows():
         setup = lad.setups.get(rec["stage"], {})
         size, dtype = setup.get("image_size"), setup.get("amp_dtype") or "float32"
+        if dtype not in SETUP_DTYPES or type(size) is not int or size not in SETUP_SIZES:
+            continue  # not a step the lab runs (ladder() drops such values from records already)
         per_s = rec.get("samples_per_s")
         if not size or per_s is None or pd.isna(per_s):
             continue

@@ -99,6 +99,11 @@ def load(stage: str, directory: Path | None = None) -> dict:
                            f"(missing {sorted(missing) or 'nothing'}, schema "
                            f"{payload.get('schema') if isinstance(payload, dict) else '?'}). "
                            f"Delete it and run {notebook_for(stage)} again.")
+    wrong = [k for k in ("metrics", "machine") if not isinstance(payload[k], dict)]
+    wrong += [k for k in ("config", "profile") if not isinstance(payload.get(k) or {}, dict)]
+    if wrong:
+        raise ResultsError(f"{path}: {', '.join(wrong)} must be a JSON object. Delete it and run "
+                           f"{notebook_for(stage)} again to re-record stage '{stage}'.")
     return payload
 
 

@@ -173,7 +173,8 @@ def test_the_torch_floor_is_right_per_platform():
     for name in ("requirements.txt", "pyproject.toml"):
         asked = re.search(r"torch>=(\d+)\.(\d+)", (checkout / name).read_text())
         assert asked and (int(asked[1]), int(asked[2])) >= need, name
-    assert "MPS" in hardware.torch_problem("mps", "2.5.1") and "2.9" in hardware.torch_problem("mps", "2.5.1")
+    assert "MPS" in hardware.torch_problem("mps", "2.5.1") and "2.11" in hardware.torch_problem("mps", "2.5.1")
+    assert "torchao" in hardware.torch_problem("cpu", "2.10.0")
     assert hardware.torch_problem("cuda", "2.8.0+cu128") is not None
     assert hardware.torch_problem("cpu", "2.14.1+cu130") is None
     assert hardware.torch_problem("cpu", torch.__version__) is None

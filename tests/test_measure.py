@@ -191,3 +191,63 @@ def test_gpu_utilisation_reads_a_busy_gpu():
     a = torch.randn(4096, 4096, device="cuda")
     found = measure.utilisation(lambda: [a @ a for _ in range(400)], "cuda", interval_s=0.05)
     assert found.percent is not None and found.percent > 50, found
+
+
+def _labelled_profile(device, wait_s=0.0, batch=8):
+    """Two profiled steps of the lab's step with its five phases labelled, as 01 profiles them."""
+    import time
+
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    from labsupport import train
+
+    step = train.make_step(train.StepConfig(), device, seed=0)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+
+    def labelled():
+        with record_function("data wait"):
+            time.sleep(wait_s)
+        with record_function("host to device"):
+            images, labels = step.to_device(x, y)
+        with record_function("forward"):
+            loss = F.cross_entropy(step.model(images), labels)
+        with record_function("backward"):
+            loss.backward()
+        with record_function("optimizer"):
+            step.optimizer.step()
+            step.optimizer.zero_grad()
+        return loss.item()
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+    with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=2)) as prof:
+        for _ in range(4):
+            labelled()
+            prof.step()
+    return prof
+
+
+def test_a_trace_read_per_phase_finds_the_idle_wait_and_the_operators_work():
+    """01's optional trace reading: a 40 ms sleep in 'data wait' is idle time there, per step (two
+    profiled steps averaged); forward and backward are mostly operators at work; on a CPU there
+    are no copies to count."""
+    reading = measure.trace_phases(_labelled_profile("cpu", wait_s=0.04))
+    assert reading.attrs["device"] == "CPU operators"
+    assert list(reading.index) == ["data wait", "host to device", "forward", "backward", "optimizer"]
+    wait = reading.loc["data wait"]
+    assert 40 <= wait["host ms"] < 80 and wait["busy ms"] == 0 and wait["kernels"] == 0
+    for phase in ("forward", "backward"):
+        row = reading.loc[phase]
+        assert row["kernels"] >= 20 and 0.5 * row["host ms"] < row["busy ms"] <= row["host ms"] + 1e-6, row
+    assert (reading["idle ms"] >= -1e-6).all() and reading["H2D copies"].isna().all()
+    assert (reading["busy ms"] + reading["idle ms"] - reading["host ms"]).abs().max() < 1e-6
+
+
+@requires_cuda
+def test_a_gpu_trace_read_per_phase_counts_the_copies_and_the_kernels():
+    reading = measure.trace_phases(_labelled_profile("cuda", wait_s=0.02, batch=64))
+    assert reading.attrs["device"] == "GPU"
+    assert reading.loc["host to device", "H2D copies"] >= 2  # images and labels, pageable
+    assert reading.loc["data wait", "idle ms"] >= 15  # the GPU starves while the host sleeps
+    assert reading.loc["forward", "kernels"] >= 20 and reading.loc["backward", "kernels"] >= 20
+    assert reading["H2D ms"].sum() > 0

@@ -194,3 +194,35 @@ def test_a_report_made_where_the_ladder_was_measured_reads_each_rung_against_the
     html = report.export_html(tmp_path / "report.html", lad, checks=checks, analysis="-").read_text()
     assert 'id="roofline"' in html and "% of peak" in html and "bfloat16" in html
     assert 'id="roofline"' not in _full_report(tmp_path / "other").read_text()
+
+
+def test_a_rung_record_with_a_setup_the_lab_never_runs_is_left_out_of_the_roofline(tmp_path):
+    """Rung records come from stores a student's code wrote, and an instructor's report reads them:
+    a dtype or image size the lab never runs is dropped, and a record whose parts are not objects
+    is refused by name, never counted or raised on inside the report."""
+    import pandas as pd
+
+    from labsupport.hardware import describe_machine
+
+    here = describe_machine().as_dict()
+    forged = {"01-baseline": ({"amp_dtype": None}, {"image_size": 10**9}),
+              "03-amp": ({"amp_dtype": "Tensor"}, {"image_size": 64}),
+              "04-memory": ({"amp_dtype": None}, {"image_size": "64"}),
+              "05-compile": ({"amp_dtype": "float16"}, {"image_size": 64})}
+    for stage, (config, profile) in forged.items():
+        results.record(stage, {"samples_per_s": 50.0}, config=config, machine=here,
+                       profile={"batch_size": 32, **profile}, directory=tmp_path / "results")
+    lad = report.ladder(tmp_path / "results")
+    assert lad.setups["01-baseline"]["image_size"] is None and lad.setups["03-amp"] == {"amp_dtype": None, "image_size": None}
+    assert lad.setups["04-memory"]["image_size"] is None and lad.setups["05-compile"] == {"amp_dtype": "float16", "image_size": 64}
+    roof = report.roofline(lad, "cpu", peaks={"float32": 1e11, "float16": 2e11})
+    assert list(roof["dtype"]) == ["float16"]
+    rows = pd.DataFrame([{"stage": "01-baseline", "samples_per_s": 1.0}])
+    assert report.roofline(report.Ladder(pd.DataFrame(), rows, setups={"01-baseline": {"amp_dtype": "__class__", "image_size": 64}}),
+                           "cpu", peaks={}).empty
+    import json
+
+    record = json.loads((tmp_path / "results" / "01-baseline.json").read_text())
+    (tmp_path / "results" / "02-data.json").write_text(json.dumps({**record, "stage": "02-data", "metrics": [1]}))
+    with pytest.raises(results.ResultsError, match="metrics must be a JSON object"):
+        results.load("02-data", tmp_path / "results")

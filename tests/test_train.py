@@ -148,12 +148,12 @@ def test_evaluate_returns_accuracy(tiny_data, tiny):
     assert 0.0 <= acc <= 1.0
 
 
-@pytest.mark.parametrize("exported", [False, True], ids=["fresh", "after-torch-export"])
+@pytest.mark.parametrize("exported", [None, False, True], ids=["fresh", "after-torch-export", "after-strict-export"])
 def test_exact_fp32_turns_tf32_off_and_restores_the_settings(exported):
     """Gradient comparisons run without TF32 (on by default for cuDNN convolutions on Ampere+),
-    also after a torch.export (07), which sets cudnn.conv's own setting."""
-    if exported:
-        torch.export.export(torch.nn.Conv2d(3, 4, 3), (torch.randn(1, 3, 8, 8),))
+    also after a torch.export (07's is strict), which sets cudnn.conv's own setting."""
+    if exported is not None:
+        torch.export.export(torch.nn.Conv2d(3, 4, 3), (torch.randn(1, 3, 8, 8),), strict=exported)
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     before = (matmul.fp32_precision, cudnn.fp32_precision, cudnn.conv.fp32_precision)
     with train.exact_fp32():

@@ -122,8 +122,10 @@ def pruning(namespace, lab):
 
 
 def _quantiser_versions() -> str:
-    """The torch and torchao this ran with: on an H200 with torch 2.11.0 and torchao 0.18.0 (2026-11-26)
-    the reference's own prepare/convert_pt2e returned a model computing in float32, which this names."""
+    """The torch and torchao this ran with. With torch 2.11.0 and torchao 0.18.0 (an H200's image,
+    2026-11-26) a non-strict ``torch.export`` left out each operator's ``source_fn_stack``, the x86
+    quantiser annotated nothing and ``convert_pt2e`` returned a float32 model; strict export fixed
+    it (torch 2.14 annotates either way)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -156,7 +158,8 @@ def int8(namespace, lab):
     if int8_share < 0.95:
         wrong.append(f"its forward reads only {int8_share:.0%} as many int8 elements as there are Conv2d and "
                      "Linear weights: the model does not compute with int8 weights (convert_pt2e makes one "
-                     f"that does; {_quantiser_versions()})")
+                     "that does where the quantiser found its patterns: export with strict=True, or the "
+                     f"quantiser may find none; {_quantiser_versions()})")
     if not error <= MAX_LOGIT_ERROR:
         wrong.append(f"logits differ from fp32's by {error:.1%} (relative L2; {MAX_LOGIT_ERROR:.0%} allowed)")
     correct, why = not wrong, "; ".join(wrong)
