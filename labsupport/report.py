@@ -53,6 +53,9 @@ class Ladder:
     machine: dict = field(default_factory=dict)  # the machine the rungs were measured on
     # Per recorded rung: how its step was set up, {stage: {"amp_dtype", "image_size"}} (for roofline)
     setups: dict = field(default_factory=dict)
+    # Rungs recorded on another machine, left out of the table: {stage: "device name (class)"}.
+    # measure_here() measures them again on this one, from the student's carried code.
+    elsewhere: dict = field(default_factory=dict)
 
 
 def _same_machine(a: dict, b: dict) -> bool:
@@ -76,15 +79,16 @@ def ladder(directory: Path | str | None = None, machine: dict | None = None,
             missing.append(f"{stage} ({label}): {err}")
     if machine is None and records:
         machine = next(iter(records.values()))["machine"]
-    rows, setups = [], {}
+    rows, setups, elsewhere = [], {}, {}
     for stage, label in RUNGS:
         rec = records.get(stage)
         if rec is None:
             continue
         if machine and not _same_machine(rec["machine"], machine):
-            missing.append(f"{stage} ({label}): recorded on {rec['machine'].get('device_name')} "
-                           f"({rec['machine'].get('device_class')}), not on this machine; run "
-                           f"{results.notebook_for(stage)} here.")
+            elsewhere[stage] = f"{rec['machine'].get('device_name')} ({rec['machine'].get('device_class')})"
+            missing.append(f"{stage} ({label}): recorded on {elsewhere[stage]}, not on this machine; run "
+                           f"{results.notebook_for(stage)} here, or ls.report.measure_here(lab, [{stage!r}]) "
+                           "to measure it again here from your carried code.")
             continue
         nb = notebooks.by_stage(stage)
         rows.append({"stage": stage, "batch": (rec.get("profile") or {}).get("batch_size"),
@@ -92,7 +96,7 @@ def ladder(directory: Path | str | None = None, machine: dict | None = None,
         setups[stage] = _setup(rec)
     frame = pd.DataFrame(rows, columns=None if rows else ["stage", "batch", "change", "samples_per_s"])
     table = assemble(frame.copy()) if assemble else pd.DataFrame(columns=list(COLUMNS))
-    return Ladder(table, frame, missing, machine or {}, setups)
+    return Ladder(table, frame, missing, machine or {}, setups, elsewhere)
 
 
 # What a rung's record may say about its step, for the roofline (records come from results
@@ -145,6 +149,49 @@ def measure_rung(stage: str, step, loader, lab, *, profile=None, progress: bool 
     return metrics
 
 
+def measure_here(lab, stages) -> dict[str, str]:
+    """Measure the rungs ``stages`` again on this machine, from the student's carried code, and
+    record them; returns ``{stage: what happened}`` (Used by: 06).
+
+    Rungs measured on different machines do not compare, and Colab gives every notebook a new
+    runtime, often another machine: 06 measures each rung recorded elsewhere again here, exactly
+    as the grader measures rungs (:func:`labsupport.grading.rungs.measure`: the naive baseline, or
+    the code 02-05's checks carried forward). The new record keeps where the rung was first
+    measured (``first_measured_on``) and, for 03, the accuracy of 03's own training run (a
+    training run is not repeated here); the figures 02-05's checks measured beside their rung
+    were measured there, not here, and are left out.
+    """
+    from . import notebooks
+    from .grading import StudentCodeError, carried, rungs
+
+    done = {}
+    for stage in stages:
+        number = notebooks.by_stage(stage).number
+        try:
+            first = results.load(stage)
+        except results.ResultsError:
+            first = None
+        try:
+            namespace = {} if number == "01" else dict(vars(carried(number, lab)))
+            rungs.measure(number, namespace, lab, {})
+        except StudentCodeError as err:
+            done[stage] = f"not measured again: {err}"
+            continue
+        except Exception as err:  # the carried code broke here: 06 says so and goes on
+            done[stage] = f"not measured again: your carried code raised {type(err).__name__}: {str(err)[:200]}"
+            continue
+        if first is not None:
+            record = results.load(stage)
+            was = first["machine"]
+            kept = {k: first["metrics"][k] for k in ("accuracy", "accuracy_fp32")
+                    if first["metrics"].get(k) is not None}
+            results.record(stage, {**record["metrics"], **kept,
+                                   "first_measured_on": f"{was.get('device_name')} ({was.get('device_class')})"},
+                           config=record["config"], machine=record["machine"], profile=record["profile"])
+        done[stage] = "measured again here"
+    return done
+
+
 def _png(fig) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
@@ -165,7 +212,9 @@ def rung_details(lad: Ladder) -> pd.DataFrame:
                      "samples/s IQR": (f"{batch / (median + iqr / 2) * 1000:,.1f}-{batch / max(median - iqr / 2, 1e-9) * 1000:,.1f}"
                                        if pd.notna(iqr) and pd.notna(batch) and pd.notna(median) else ""),
                      "step ms (median)": median, "peak MiB": get("peak_bytes") / 2**20,
-                     "accuracy %": 100 * get("accuracy")})
+                     "accuracy %": 100 * get("accuracy"),
+                     "measured": (f"again in 06, here (first on {get('first_measured_on')})"
+                                  if isinstance(get("first_measured_on"), str) else "in its notebook")})
     return pd.DataFrame(rows).set_index("rung") if rows else pd.DataFrame()
 
 

@@ -226,3 +226,37 @@ def test_a_rung_record_with_a_setup_the_lab_never_runs_is_left_out_of_the_roofli
     (tmp_path / "results" / "02-data.json").write_text(json.dumps({**record, "stage": "02-data", "metrics": [1]}))
     with pytest.raises(results.ResultsError, match="metrics must be a JSON object"):
         results.load("02-data", tmp_path / "results")
+
+
+def test_06_measures_again_here_the_rungs_recorded_on_another_machine(tmp_path, monkeypatch, tiny_data):
+    """Colab gives every notebook a new runtime, often another machine: 06 measures each rung
+    recorded elsewhere again here (01 from nothing, 02 from the code its checks carried), keeps
+    where it was first measured, and reports which rungs were measured again; a rung whose
+    notebook carried no code is named with what to run."""
+    from autograder import reference
+    from labsupport import carry
+    from labsupport.grading import grading_lab
+
+    monkeypatch.setenv("LAB_DATA", str(tiny_data))
+    monkeypatch.setenv("LAB_PROFILE", "tiny")
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    lab = grading_lab()
+    colab = {**lab.machine.as_dict(), "device_name": "Intel(R) Xeon(R) CPU @ 2.20GHz", "device_class": "cpu"}
+    for stage in ("01-baseline", "02-data", "03-amp"):
+        results.record(stage, {"samples_per_s": 10.0, "median_ms": 800.0, "accuracy": 0.5}, machine=colab,
+                       profile={"batch_size": 8, "image_size": 32})
+    carry.keep("02", reference.namespace("02"))
+    lad = report.ladder(machine=lab.machine.as_dict())
+    assert set(lad.elsewhere) == {"01-baseline", "02-data", "03-amp"} and lad.table.empty
+    assert "Intel(R) Xeon(R) CPU @ 2.20GHz (cpu)" in lad.elsewhere["02-data"]
+    done = report.measure_here(lab, lad.elsewhere)
+    assert done["01-baseline"] == done["02-data"] == "measured again here", done
+    assert done["03-amp"].startswith("not measured again") and "03" in done["03-amp"], done
+    lad = report.ladder(machine=lab.machine.as_dict(), assemble=reference.solutions("06").assemble_ladder)
+    assert set(lad.elsewhere) == {"03-amp"} and list(lad.table.index) == ["baseline", "+data loading"]
+    again = results.load("02-data")
+    assert again["machine"]["device_name"] == lab.machine.device_name and again["metrics"]["samples_per_s"] != 10.0
+    assert again["metrics"]["first_measured_on"] == "Intel(R) Xeon(R) CPU @ 2.20GHz (cpu)"
+    assert again["metrics"]["accuracy"] == 0.5  # 03's training run is not repeated; kept from where it ran
+    measured = report.rung_details(lad)["measured"]
+    assert measured.str.startswith("again in 06, here (first on Intel(R) Xeon(R) CPU").all(), measured

@@ -276,8 +276,14 @@ def _pypi_reachable() -> bool:
         return False
 
 
+# Another Colab runtime: the machine 02 and 03 ran on in the stand-in, described differently
+# from the one 01, 04, 05 and 06 run on (Colab hands out CPUs of several models).
+OTHER_RUNTIME = "Intel(R) Xeon(R) CPU @ 2.20GHz"
+
+
 def _record_02_to_05(results_dir: Path) -> None:
-    """Record stages 02-05 and keep 02-05's reference code in ``results_dir``, as their notebooks do."""
+    """Record stages 02-05 and keep 02-05's reference code in ``results_dir``, as their notebooks do:
+    02 and 03 on another runtime's machine (``OTHER_RUNTIME``), 04 and 05 on this one."""
     import dataclasses
 
     import labsupport as ls
@@ -286,14 +292,16 @@ def _record_02_to_05(results_dir: Path) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LAB_RESULTS", str(results_dir))
         lab = ls.grading.grading_lab()
+        other = dataclasses.replace(lab, machine=dataclasses.replace(lab.machine, device_name=OTHER_RUNTIME,
+                                                                     cpu_model=OTHER_RUNTIME))
         for number in ("02", "03", "04", "05"):
             ls.carry.keep(number, reference.namespace(number))
         loader, amp = reference.solutions("02").make_fast_loader, reference.solutions("03")
         precision = amp.choose_precision(lab.machine)
         config = ls.StepConfig(amp_dtype=precision["dtype"], channels_last=precision["channels_last"])
-        ls.report.measure_rung("02-data", ls.make_step(ls.StepConfig(), lab.device), loader(lab), lab, progress=False)
+        ls.report.measure_rung("02-data", ls.make_step(ls.StepConfig(), lab.device), loader(lab), other, progress=False)
         ls.report.measure_rung("03-amp", ls.make_step(config, lab.device, update=amp.amp_train_step),
-                               loader(lab), lab, progress=False)
+                               loader(lab), other, progress=False)
         big = dataclasses.replace(lab, profile=dataclasses.replace(lab.profile, batch_size=2 * lab.profile.batch_size))
         checkpointed = reference.solutions("04").checkpointed
         ls.report.measure_rung("04-memory", ls.make_step(dataclasses.replace(config, checkpoint_segments=3),
@@ -312,8 +320,9 @@ def test_colab_stand_in_installs_from_the_student_zip_and_runs_the_lab(tmp_path,
     (a student who completed the lab) 01 and 06, each in a new kernel with its own working folder
     (a new runtime), with the setup cell's LAB_URL the file:// URL of the student zip: 01's setup
     cell installs labsupport from the zip and 01 records its stage in the shared lab folder
-    (LAB_HOME, Drive's stand-in), 02-05's stages and code are recorded there from other runtimes,
-    and 06, in its own kernel, finds them all and grades them.
+    (LAB_HOME, Drive's stand-in), 02-05's stages and code are recorded there from other runtimes
+    (02 and 03 on a machine described differently), and 06, in its own kernel, measures 02 and 03
+    again on its machine from their carried code, finds them all and grades them.
 
     pip builds labsupport from the zip in an isolated build environment, as it does in Colab, so
     it fetches setuptools from PyPI: the test skips where PyPI cannot be reached.
@@ -404,5 +413,14 @@ def test_colab_stand_in_installs_from_the_student_zip_and_runs_the_lab(tmp_path,
     print(f"06's graded checks: {statuses}")
     assert statuses.get("06-stages") in ("pass", "n/a"), (
         f"06 did not find the stages of 01-05 in the shared lab folder {drive}: {statuses}")
+    # 02 and 03 ran on another runtime's machine: 06 measured them again here, from their carried
+    # code, and says so, in the notebook and in the record its report reads.
+    said = "".join(o.get("text", "") for c in nb06.cells if c.get("id") == "cell-02" for o in c.outputs)
+    for stage in ("02-data", "03-amp"):
+        assert f"{stage} (first on {OTHER_RUNTIME} (cpu)): measured again here" in said, said
+        again = json.loads((drive / "results" / f"{stage}.json").read_text())
+        assert again["machine"]["device_name"] != OTHER_RUNTIME
+        assert again["metrics"]["first_measured_on"] == f"{OTHER_RUNTIME} (cpu)"
+    assert "04-memory (first" not in said and "01-baseline (first" not in said
     recorded = sorted(p.relative_to(drive).as_posix() for p in drive.rglob("*.json"))
     assert recorded, f"nothing was recorded under the lab folder {drive}"

@@ -356,13 +356,31 @@ import labsupport.pipeline as _pipeline
 _naive = _pipeline.naive_loader
 _pipeline.naive_loader = lambda *args, **kwargs: _naive(*args, **kwargs)
 ''' + NAIVE_AS_ANSWER,
+    # a partner's method replaced on its class: every epoch "checked" finds nothing wrong
+    "partner-method": '''
+import labsupport.grading.partners as _partners
+
+_partners.EpochRecorder.problems = lambda self, *args, **kwargs: ""
+''' + NAIVE_AS_ANSWER,
+    # the baseline's code swapped inside the function object, which an identity check would miss
+    "swapped-code": '''
+import labsupport.pipeline as _pipeline
+
+
+def _slowed(*args, **kwargs):
+    raise RuntimeError("the baseline, slowed")
+
+
+_pipeline.naive_loader.__code__ = _slowed.__code__
+''' + NAIVE_AS_ANSWER,
 }
 
 
 @pytest.mark.parametrize("how", sorted(LOADED_WITH))
 def test_code_that_patches_what_measures_it_when_loaded_fails_every_check(how, tiny_data, tmp_path):
     """The verdict process loads the carried code; code that, as it loads, replaces the judge, a
-    library the baseline runs or labsupport's baseline fails every check of its notebook, unrun."""
+    library the baseline runs, labsupport's baseline or a partner's method, or swaps a function's
+    code in place, fails every check of its notebook, unrun."""
     import json
 
     from labsupport import grading
@@ -381,5 +399,6 @@ def test_code_that_patches_what_measures_it_when_loaded_fails_every_check(how, t
     for check, found in verdict["checks"].items():
         assert found["status"] == "fail" and "when it was loaded" in found["note"], (check, found)
     named = {"decorator": "labsupport.grading.judge", "slowed-library": "PIL.Image.open",
-             "replaced-baseline": "labsupport.pipeline.naive_loader"}[how]
+             "replaced-baseline": "labsupport.pipeline.naive_loader", "swapped-code": "labsupport.pipeline.naive_loader",
+             "partner-method": "labsupport.grading.partners.EpochRecorder.problems"}[how]
     assert named in verdict["problems"][0] and verdict["rung"] is None, verdict["problems"]
