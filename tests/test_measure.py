@@ -34,14 +34,21 @@ def _compare_until_quiet(a, b, tries: int = 3) -> tuple[measure.Comparison, list
 def test_paired_comparison_recovers_a_2x_workload():
     # Blocks of ~0.1 s: long enough that a burst of load from another process lands inside one
     # round's pair rather than on one side only. With a busy second process on 2 cores a try
-    # measured 1.72x (IQR 1.37-2.42), flagged noisy: then only the direction is asserted.
+    # measured 1.72x (IQR 1.37-2.42), flagged noisy: then only the direction is asserted. Beside
+    # make test's instructor worker (three graders on 2 cores) a quiet try measured 2.24x (IQR
+    # 2.08-2.36): a quiet result outside 2x +-10% is measured again, up to 3 times, as a noisy
+    # one is. A comparison that is wrong (launches timed, sides swapped) misses every time.
     single, double = _matmul_work(40), _matmul_work(80)
-    result, noisy = _compare_until_quiet(double, single)
-    if result.noisy:
-        assert result.speedup.median >= 1.3, f"twice the work measured no faster, even allowing for noise: {noisy}"
-        return
-    assert 1.8 <= result.speedup.median <= 2.2, (
-        f"twice the work should measure as a 2x speedup, got {result}")
+    tries = []
+    for _ in range(3):
+        result, noisy = _compare_until_quiet(double, single)
+        if result.noisy:
+            assert result.speedup.median >= 1.3, f"twice the work measured no faster, even allowing for noise: {noisy}"
+            return
+        tries.append(str(result))
+        if 1.8 <= result.speedup.median <= 2.2:
+            return
+    raise AssertionError("twice the work should measure as a 2x speedup (+-10%), got: " + "; ".join(tries))
 
 
 def test_paired_comparison_of_a_workload_with_itself_is_one():
