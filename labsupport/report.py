@@ -58,6 +58,11 @@ class Ladder:
     elsewhere: dict = field(default_factory=dict)
 
 
+def _where(machine: dict) -> str:
+    """A recorded machine as the ladder names it: "device name (class)"."""
+    return f"{machine.get('device_name')} ({machine.get('device_class')})"
+
+
 def _same_machine(a: dict, b: dict) -> bool:
     return all(a.get(k) == b.get(k) for k in ("device_class", "device_name"))
 
@@ -85,7 +90,7 @@ def ladder(directory: Path | str | None = None, machine: dict | None = None,
         if rec is None:
             continue
         if machine and not _same_machine(rec["machine"], machine):
-            elsewhere[stage] = f"{rec['machine'].get('device_name')} ({rec['machine'].get('device_class')})"
+            elsewhere[stage] = _where(rec["machine"])
             missing.append(f"{stage} ({label}): recorded on {elsewhere[stage]}, not on this machine; run "
                            f"{results.notebook_for(stage)} here, or ls.report.measure_here(lab, [{stage!r}]) "
                            "to measure it again here from your carried code.")
@@ -157,9 +162,9 @@ def measure_here(lab, stages) -> dict[str, str]:
     runtime, often another machine: 06 measures each rung recorded elsewhere again here, exactly
     as the grader measures rungs (:func:`labsupport.grading.rungs.measure`: the naive baseline, or
     the code 02-05's checks carried forward). The new record keeps where the rung was first
-    measured (``first_measured_on``) and, for 03, the accuracy of 03's own training run (a
-    training run is not repeated here); the figures 02-05's checks measured beside their rung
-    were measured there, not here, and are left out.
+    measured (``first_measured_on``) and the accuracy its first record held (03's training run,
+    which is not repeated here); the figures 02-05's checks measured beside their rung were
+    measured there, not here, and are left out.
     """
     from . import notebooks
     from .grading import StudentCodeError, carried, rungs
@@ -182,11 +187,9 @@ def measure_here(lab, stages) -> dict[str, str]:
             continue
         if first is not None:
             record = results.load(stage)
-            was = first["machine"]
             kept = {k: first["metrics"][k] for k in ("accuracy", "accuracy_fp32")
                     if first["metrics"].get(k) is not None}
-            results.record(stage, {**record["metrics"], **kept,
-                                   "first_measured_on": f"{was.get('device_name')} ({was.get('device_class')})"},
+            results.record(stage, {**record["metrics"], **kept, "first_measured_on": _where(first["machine"])},
                            config=record["config"], machine=record["machine"], profile=record["profile"])
         done[stage] = "measured again here"
     return done
