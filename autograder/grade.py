@@ -327,6 +327,7 @@ class Folders:
                  "inductor": "torch.compile's cache (kernels and verdict processes)",
                  "store": "the grader's results store (verdict processes)", "outbox": "verdicts",
                  "inputs": "what root hands a verdict process (root's, read-only)",
+                 "judged": "what the judge keeps for later notebooks: checks, rungs, code (root's)",
                  "jupyter": "the kernel spec (root's)"}
         if name not in kinds:
             raise AttributeError(name)
@@ -384,6 +385,8 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
             skipped = boundary.copy_tree(dirs.store, kept)
             if skipped and grades:
                 grades[0].errors.append(f"results not kept: {'; '.join(skipped[:5])}")
+        if dirs.judged.is_dir():  # the judge's own files (root's), over whatever the store held of them
+            shutil.copytree(dirs.judged, kept, dirs_exist_ok=True)
     finally:
         sandbox.unmount_below(dirs.work)
         shutil.rmtree(dirs.work, ignore_errors=True)
@@ -423,6 +426,7 @@ def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, fold
             print(f"note: {batch.disk}; the watchdog counts each submission's files instead")
     disk = dirs.work if sandboxed and batch.disk is None else None
     dirs.fresh("results", "report", "inductor", "store", "outbox", owned=sandboxed)
+    dirs.fresh("judged", owned=False)
     shutil.copytree(folder, dirs.cwd)  # the kernel's working folder: the submission as handed in
     if sandboxed:
         sandbox.own(dirs.cwd)

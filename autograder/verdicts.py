@@ -25,6 +25,8 @@ from pathlib import Path
 
 import nbformat
 
+from labsupport.grading import judging
+
 from . import boundary, course, sandbox
 
 CHECK_ID = re.compile(r"""\[\s*["'](\d\d-[a-z0-9-]+)["']\s*\]""")
@@ -65,6 +67,8 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     inputs = dirs.inputs / number
     shutil.rmtree(inputs, ignore_errors=True)
     inputs.mkdir(parents=True)
+    if dirs.judged.is_dir():  # what earlier judges kept (root's own files): their checks, rungs and code
+        shutil.copytree(dirs.judged, inputs / "judged", symlinks=True)
     problems = []
     for name in [f"code/{number}.py"] + (["traces/01-trace.json"] if number == "01" else []):
         (inputs / name).parent.mkdir(parents=True, exist_ok=True)
@@ -76,6 +80,9 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
             problems.append(f"the kernel's {name} was not taken: {err}")
     for path in [inputs, *inputs.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
+    if judging.judges(number, settings["profile"]):
+        return _judge(number, inputs, dirs=dirs, settings=settings, box=box, pythonpath=pythonpath,
+                      timeout_s=timeout_s, env=env, problems=problems)
     shutil.rmtree(dirs.outbox, ignore_errors=True)
     dirs.outbox.mkdir()
     if box is not None:
@@ -101,6 +108,39 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     except (OSError, ValueError) as err:
         why = f"{err}" if isinstance(err, boundary.Refused) else done.last_line()
         return {"error": f"the verdict process wrote no verdicts (exit {done.returncode}): {why}",
+                "seconds": done.seconds}
+    verdict["seconds"] = done.seconds
+    verdict.setdefault("problems", []).extend(problems)
+    return verdict
+
+
+def _judge(number: str, inputs: Path, *, dirs, settings: dict[str, str], box: sandbox.Sandbox | None,
+           pythonpath: Path | None, timeout_s: float, env: dict[str, str] | None, problems: list[str]) -> dict:
+    """Notebook ``number``'s verdicts from the judge (:mod:`labsupport.grading.judging`): a process
+    of root's that runs no student code, driving the student's code and the baseline in two
+    workers, each in the submission's sandbox. Its verdict is a file of root's own."""
+    out = dirs.work / f"judge-{number}.json"
+    out.unlink(missing_ok=True)
+    dirs.judged.mkdir(exist_ok=True)
+    inner = environment({**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}), **(env or {})})
+    # The workers see the dataset, labsupport and the carried code, read-only, and write nowhere
+    # but their own /tmp: not the grader's store, which later notebooks' verdicts read.
+    worker_box = None if box is None else sandbox.Sandbox(writable=(), readable=box.readable)
+    spec = {"notebook": number, "inputs": str(inputs), "judged": str(dirs.judged), "out": str(out),
+            "sandbox": worker_box.command([], cwd=Path("/tmp")) if worker_box else [], "env": inner,
+            **settings}
+    (inputs / "judge.json").write_text(json.dumps(spec, indent=1))
+    argv = [sys.executable, "-P", "-m", "labsupport.grading.judging", str(inputs / "judge.json")]
+    done = boundary.run(argv, env={**inner, **judging.QUIET_WAIT}, timeout_s=timeout_s,
+                        on_timeout=sandbox.kill_all if box else None)
+    if box is not None:
+        sandbox.kill_all()  # the workers, and anything they started
+    if done.timed_out:
+        return {"error": f"the judge ran past {timeout_s:.0f} s", "seconds": done.seconds}
+    try:
+        verdict = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return {"error": f"the judge wrote no verdicts (exit {done.returncode}): {done.last_line()}",
                 "seconds": done.seconds}
     verdict["seconds"] = done.seconds
     verdict.setdefault("problems", []).extend(problems)
@@ -230,7 +270,8 @@ def keep(course_root: Path, student: str, notebook: str, verdict: dict, decision
     said = verdict.get("checks") if isinstance(verdict.get("checks"), dict) else {}
     problems = verdict.get("problems") if isinstance(verdict.get("problems"), list) else []
     kept = {"notebook": notebook, "decided": {c: asdict(d) for c, d in decisions.items()},
-            "verdict_process": {"checks": {c: _said(said.get(c)) for c in decisions},
+            "verdict_process": {"judge": verdict.get("judge") is True,  # else the verdict process
+                                "checks": {c: _said(said.get(c)) for c in decisions},
                                 "rung": finite(verdict.get("rung")), "seconds": finite(verdict.get("seconds")),
                                 "problems": [str(p)[:NOTE_CHARS] for p in problems[:20]],
                                 "error": str(verdict.get("error") or "")[:NOTE_CHARS]}}

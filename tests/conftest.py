@@ -32,7 +32,7 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was i
 # order both ended within a second of each other. A test file not named here runs after these
 # (test_course checks that every one is named).
 FILE_ORDER = ("test_instructor.py", "test_real_profile.py", "test_dataset.py", "test_train.py",
-              "test_student.py", "test_checks.py", "test_grading.py", "test_distributed.py",
+              "test_student.py", "test_checks.py", "test_judge.py", "test_grading.py", "test_distributed.py",
               "test_unbatched.py", "test_measure.py", "test_course.py", "test_pipeline.py",
               "test_report.py", "test_slurm.py", "test_sandbox.py", "test_trust.py", "test_names.py", "test_memory.py", "test_accept.py",
               "test_parallel.py", "test_hardware.py", "test_carry.py", "test_results.py")

@@ -634,26 +634,29 @@ def test_what_the_kernel_scored_itself_is_reported_not_recorded(graded):
 
 
 @needs_sandbox
-def test_the_grader_decides_what_the_verdict_process_says(graded):
-    """The cheater's 02 wrote its own verdict (every check a pass); the grader recomputed each
-    from its measurement and this machine's bar, kept both with the course, and the feedback and
-    grades_by_check.csv show the grader's table."""
+def test_the_forged_verdict_never_reaches_what_decides_02(graded):
+    """The cheater's 02 carried code that, in the verdict process, wrote its own verdict (every
+    check a pass). 02 is decided by the judge, and the code runs in a worker that sees neither the
+    judge's spec nor where its verdict goes: nothing was forged, and its checks failed for what the
+    code is (no loader in it). The grader's decisions stay with the course, and the feedback and
+    grades_by_check.csv show the grader's table. (Root's recomputing of a forged pass from its
+    measurement and the bar: tests/test_trust.py.)"""
     import json
 
     root = graded["root"]
     kept = json.loads((root / "verdicts" / "cheater" / "02_data_loading.json").read_text())
-    assert {c: e["status"] for c, e in kept["verdict_process"]["checks"].items()} == \
-        {"02-loader-speedup": "pass", "02-data-wait-share": "pass"}
+    assert kept["verdict_process"]["judge"] is True
     assert {c: (d["result"], d["reason"]) for c, d in kept["decided"].items()} == \
-        {"02-loader-speedup": ("fail", "below bar"), "02-data-wait-share": ("fail", "below bar")}
+        {"02-loader-speedup": ("fail", "error"), "02-data-wait-share": ("fail", "error")}
+    assert all("make_fast_loader" in d["note"] for d in kept["decided"].values()), kept["decided"]
     by_check = pd.read_csv(root / "grades_by_check.csv", keep_default_na=False)  # "n/a" is a result here
     ref = by_check[(by_check.student == "reference") & (by_check.check != "")]
     assert set(ref.result) <= {"pass", "n/a"} and len(ref) == sum(len(c) for c in POINTS.values())
     row = by_check[(by_check.student == "cheater") & (by_check.cell == "test_loader_speedup")].iloc[0]
-    assert (row.check, row.result, row.reason, row.bar) == ("02-loader-speedup", "fail", "below bar", ">= 3"), row
+    assert (row.check, row.result, row.reason, row.bar) == ("02-loader-speedup", "fail", "error", ">= 3"), row
     page = (root / "feedback" / "cheater" / "lab" / "02_data_loading.html").read_text()
-    assert page.index("The grader's verdicts") < page.index("below bar") < page.index("student's self-check")
-    assert "forged by the submission" in page
+    assert page.index("The grader's verdicts") < page.index("student's self-check")
+    assert "forged by the submission" not in page
     table = grade.summary(graded["grades"])
     assert table.loc["reference", "automatic max"] == sum(sum(c.values()) for c in POINTS.values())  # 55
     assert table.loc["reference", "max"] == table.loc["reference", "automatic max"] + 4  # 06's analysis
@@ -684,10 +687,15 @@ def test_what_a_verdict_process_leaves_root_follows_nowhere(graded):
     as it was: test_attacks_change_nothing_outside_their_own_grade), did not wait on the FIFO,
     kept a bounded piece of the flood, and the batch's own labsupport, which lib's folder used to
     be, served every student graded after it."""
+    import json
     import sysconfig
 
     lib = _grade(graded, "lib", "02_data_loading")
-    assert any("not a regular file" in e for e in lib.errors), lib.errors
+    # 02 is the judge's: the bait ran in a worker, where it found no spec to read and failed to
+    # load; what it would have linked or turned into a FIFO is root's and out of its sight.
+    kept = json.loads((graded["root"] / "verdicts" / "lib" / "02_data_loading.json").read_text())
+    assert kept["verdict_process"]["judge"] is True
+    assert any("fails to load" in p for p in kept["verdict_process"]["problems"]), kept
     assert lib.verdict_s < 120, lib
     assert not (Path(sysconfig.get_paths()["purelib"]) / "lab_root_bait.pth").exists()
     assert _grade(graded, "tampered", "02_data_loading").status == "graded"

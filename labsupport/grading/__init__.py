@@ -346,7 +346,7 @@ def written_now(path: Path, cell: str) -> Path:
 
 def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
         skip: tuple[str, ...] = (), lab: hardware.Lab | None = None, keep: bool = True,
-        tampered: str = "") -> dict[str, CheckResult]:
+        tampered: str = "", sides=None) -> dict[str, CheckResult]:
     """Run notebook ``number``'s graded checks on the code in ``namespace`` (Used by: 01-06).
 
     Returns ``{check id: CheckResult}``. A check whose code raised fails with the error as its
@@ -354,6 +354,8 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
     grade an expensive check where it is taught, and the rest at the end). With ``keep``, the
     notebook's graded functions, as just measured, are kept for later notebooks (:mod:`labsupport.carry`).
     ``tampered`` (why the code cannot be measured) fails every check with that note, unrun.
+    ``sides`` is the grader's judge (:mod:`.judging`): the student's code and the baseline each in a
+    worker of its own, passed to the checks that take it; None runs both here.
     """
     nb = notebooks.get(number)
     importlib.import_module(f".{module_name(number)}", __name__)  # registers the notebook's checks
@@ -366,7 +368,7 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
         try:
             if tampered:  # the code was caught bending what measures it before any check ran
                 raise StudentCodeError(tampered)
-            found = fn(namespace, lab)
+            found = fn(namespace, lab) if sides is None else fn(namespace, lab, sides=sides)
         except Exception as err:  # the student's code, whatever it raised, costs this check only
             why = f"{type(err).__name__}: {err}"
             found = [CheckResult(i, None, None, "", lab.machine.device_class, "fail", why) for i in ids]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -34,14 +35,29 @@ def _sync_next(it, device):
     return call
 
 
+class Here:
+    """Both loaders in this process, as the self-check runs them. The grader's judge passes its
+    :class:`~labsupport.grading.judging.Sides` instead: each loader in a worker of its own, and the
+    side not being timed stopped (``focus``)."""
+
+    naive_loader = staticmethod(pipeline.naive_loader)
+
+    def focus(self, side: str | None) -> None:
+        pass
+
+    def checking(self):
+        return contextlib.nullcontext()
+
+
 @register("02-loader-speedup", "02-data-wait-share")
-def loader(namespace, lab):
+def loader(namespace, lab, sides=None):
     """The student's loader delivers the naive loader's data, faster, and the step stops waiting."""
     make = student(namespace, "make_fast_loader", "02")
+    sides = sides or Here()
     profile = lab.profile
     # Correctness first: the same images and labels with augmentation off, every sample per epoch.
     t0 = measure._clock()
-    ref_val = pipeline.naive_loader(profile, split="val", augment=False)
+    ref_val = sides.naive_loader(profile, split="val", augment=False)
     same, why = partners.same_batches(ref_val, make(lab, split="val", augment=False), max_batches=4)
     fast_train = make(lab, split="train", augment=True)
     build_s = measure._clock() - t0
@@ -65,20 +81,23 @@ def loader(namespace, lab):
         why = recorder.problems(expected, profile.batch_size, kinds)
         same = not why
 
-    naive_recorder = partners.EpochRecorder(pipeline.naive_loader(profile, seed=lab.seed))
+    naive_recorder = partners.EpochRecorder(sides.naive_loader(profile, seed=lab.seed))
     naive = pipeline.forever(naive_recorder)
     fast = pipeline.forever(recorder)
     # A long warm-up: the first fetches after the loaders are built run slow. With one warm-up
     # fetch the reference measured 1.5-5.3x in fresh processes (cpu-bf16); with 8, 4.9-5.2x.
-    cmp = measure.compare(_sync_next(naive, lab.device), _sync_next(fast, lab.device), lab.device,
-                          rounds=profile.rounds, steps_per_round=2 * profile.steps_per_round,
-                          warmup=4 * profile.steps_per_round)
+    with sides.checking():
+        cmp = measure.compare(_sync_next(naive, lab.device), _sync_next(fast, lab.device), lab.device,
+                              rounds=profile.rounds, steps_per_round=2 * profile.steps_per_round,
+                              warmup=4 * profile.steps_per_round, focus=sides.focus)
     step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+    sides.focus("candidate")
     per_step = train.phase_breakdown(fast, step, steps=profile.measure_steps, warmup=1, non_blocking=True)
     if same:
         why = (recorder.problems(expected, profile.batch_size, kinds)
                or recorder.augmentation_problems(naive_recorder, first_batches, sources))
         same = not why
+    sides.focus(None)
     partner = dict(correct=same, why_incorrect=why)
     faster = speed(lab, "02-loader-speedup", cmp.speedup.median, **partner)
     faster = dataclasses.replace(faster, note=(faster.note + "; " if faster.note else "")
@@ -92,6 +111,7 @@ def loader(namespace, lab):
     if profile.grades_speed:
         # On a CPU the naive loader's wait can already sit under the bar (7-8% of a cpu-bf16 step),
         # so the wait must also have fallen against the naive loader's, measured now, same step.
+        sides.focus("baseline")
         naive_wait = float(np.median(train.phase_breakdown(naive, step, steps=profile.measure_steps,
                                                            warmup=1)["data wait"]))
         note += f"; the naive loader's: {naive_wait:.1f} ms"

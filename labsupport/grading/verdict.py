@@ -81,6 +81,12 @@ def _take_inputs(spec: dict) -> None:
     if not spec.get("inputs"):
         return
     inputs, store = Path(spec["inputs"]), Path(spec["store"])
+    judged = inputs / "judged"  # what earlier notebooks' judges kept: checks, rungs, carried code
+    for path in sorted(judged.rglob("*")) if judged.is_dir() else []:
+        if path.is_file() and not path.is_symlink():
+            (store / path.relative_to(judged)).parent.mkdir(parents=True, exist_ok=True)
+            (store / path.relative_to(judged)).unlink(missing_ok=True)
+            shutil.copy2(path, store / path.relative_to(judged))
     for sub in ("code", "traces"):
         for path in sorted((inputs / sub).glob("*")):
             (store / sub).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,283 @@
+"""The judge: a notebook's verdicts decided by a process that never runs the student's code.
+
+``python -P -m labsupport.grading.judging SPEC.json`` is what ``python -m autograder grade`` runs for
+the notebooks in :data:`NOTEBOOKS` (the others still go through :mod:`.verdict`). It starts two
+workers (:mod:`.worker`), each in the submission's sandbox: one that loads the student's carried
+code, and one that loads none and serves labsupport's baseline. Then it runs the notebook's own
+checks (the same functions the self-check runs) with the workers' outputs:
+
+- **Timed from outside.** Every timed call is a request to a worker and its reply, on the judge's
+  clock. While one side is timed the other is stopped (SIGSTOP to every process below it; in the
+  sandbox's PID namespace none can leave), so neither slows the other or works ahead.
+- **Symmetric.** The baseline is driven through the same channel as the student's code, so both
+  pay the same cost of crossing it.
+- **Checked as timed.** What a timed call produced comes back as plain tensors (:mod:`.wire`),
+  and the correctness partners run here, on exactly those tensors: every timed batch, every
+  epoch, finished or not.
+- **Nothing of the student's runs here.** Not imported, not unpickled, not executed: a worker's
+  reply is JSON and numbers. What a worker can still do is answer wrongly or slowly, and that
+  costs its own checks.
+
+The spec (JSON): ``notebook``, ``profile``, ``thresholds``, ``calibration``, ``data``, ``inputs``
+(root's read-only folder with the carried code), ``judged`` (root's folder for what this judge
+keeps: the checks table, the rung and the carried code, for later notebooks), ``out`` (the
+verdict file), ``sandbox`` (the command prefix a worker runs under, empty for none) and ``env``
+(the workers' environment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+NOTEBOOKS = ("02",)  # decided here; the rest by the verdict process (grading/verdict.py) for now
+
+
+def judges(number: str, profile: str) -> bool:
+    """Whether the judge decides notebook ``number`` under ``profile``: 02 off CUDA. On a GPU a
+    batch would cross to the judge through host memory (the lab's largest, 157 MB at 160 px), which
+    no loader pays in a notebook; sharing it through CUDA IPC instead is not yet proven on a GPU."""
+    return number in NOTEBOOKS and not profile.startswith("cuda")
+LOG_CHARS = 2000  # of a worker's own output, kept for a failure's message
+# The judge's OpenMP threads sleep when their work is done rather than spin: mostly the judge waits
+# for a worker, and its spinning threads took the cores from the worker computing. 02's reference
+# loader served a batch in 8 ms in one process, in 21 ms from a worker beside a judge with two
+# spinning threads, and in 9-10 ms beside a passive judge checking with one (class cpu, 64 px).
+# The workers keep the default: the student's code runs as it does in their notebook.
+QUIET_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+class WorkerError(RuntimeError):
+    """The student's code raised in its worker, or the worker broke off: the check fails with it."""
+
+
+class Worker:
+    """One worker process, driven by requests (:mod:`.worker`); a context manager that stops it."""
+
+    def __init__(self, role: str, spec: dict, *, prefix: list[str], env: dict[str, str], buffer_bytes: int):
+        from . import wire
+
+        self.role, self._wire = role, wire
+        to_worker, self._requests = os.pipe()
+        self._replies, from_worker = os.pipe()
+        buffer_fd, self._map = wire.buffer(buffer_bytes)
+        self.view = memoryview(self._map)
+        argv = [sys.executable, "-P", "-m", "labsupport.grading.worker",
+                json.dumps({**spec, "role": role, "fds": [to_worker, from_worker, buffer_fd]})]
+        self.process = subprocess.Popen(prefix + argv, env=env, pass_fds=(to_worker, from_worker, buffer_fd),
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, start_new_session=True, cwd="/")
+        for fd in (to_worker, from_worker, buffer_fd):
+            os.close(fd)
+        self._log = ""
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+        self.stopped = False
+
+    def _drain(self) -> None:
+        for chunk in iter(lambda: self.process.stderr.read1(4096), b""):
+            self._log = (self._log + chunk.decode(errors="replace"))[-LOG_CHARS:]
+
+    def request(self, op: str, **fields) -> dict:
+        """Send one request and wait for its reply (a WorkerError if the worker raised or broke off)."""
+        try:
+            self._wire.send(self._requests, {"op": op, **fields})
+            reply = self._wire.receive(self._replies)
+        except self._wire.WireError as err:
+            last = self._log.strip().splitlines()[-1:] or [""]
+            raise WorkerError(f"your code's worker broke off ({err}); its last words: {last[0][:300]}") from None
+        if "error" in reply:
+            raise WorkerError(str(reply["error"])[:600])
+        return reply
+
+    def tensors(self, reply: dict) -> list:
+        return self._wire.take(self.view, reply.get("tensors"))
+
+    def _tree(self) -> list[int]:
+        """This worker's processes: its first one and every process below it."""
+        children: dict[int, list[int]] = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    with open(f"/proc/{entry.name}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    children.setdefault(ppid, []).append(int(entry.name))
+        found, todo = [], [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo += children.get(pid, [])
+        return found
+
+    def pause(self, stop: bool) -> None:
+        """Stop (or continue) every process of this worker: while the other side is timed."""
+        if stop == self.stopped:
+            return
+        for pid in self._tree():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP if stop else signal.SIGCONT)
+        self.stopped = stop
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.pause(False)
+        with contextlib.suppress(Exception):
+            self._wire.send(self._requests, {"op": "quit"})
+        for fd in (self._requests, self._replies):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            for pid in reversed(self._tree()):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            self.process.wait()
+        self.view.release()
+        self._map.close()
+
+
+class RemoteLoader:
+    """A loader built in a worker: iterating it asks the worker for each batch, and yields the
+    judge's own copies of the tensors the worker produced."""
+
+    def __init__(self, worker: Worker, handle: int, length: int | None):
+        self.worker, self.handle, self.length = worker, handle, length
+
+    def __len__(self):
+        if self.length is None:
+            raise TypeError("this loader has no len()")
+        return self.length
+
+    def __iter__(self):
+        handle = self.worker.request("iter", handle=self.handle)["handle"]
+        while True:
+            reply = self.worker.request("next", handle=handle)
+            if reply.get("stop"):
+                return
+            images, labels = self.worker.tensors(reply)
+            yield images, labels
+
+
+class Sides:
+    """The two workers as the checks see them: the student's loaders, the naive ones, and which
+    side runs (:meth:`focus`: the other is stopped)."""
+
+    def __init__(self, student: Worker, baseline: Worker):
+        self.workers = {"candidate": student, "baseline": baseline}
+        self.side: str | None = None
+
+    def focus(self, side: str | None) -> None:
+        """Let ``side`` run and stop the other ("candidate", "baseline"; None lets both run)."""
+        self.side = side
+        for name, worker in self.workers.items():
+            if name != side and side is not None:
+                worker.pause(True)
+        for name, worker in self.workers.items():
+            if name == side or side is None:
+                worker.pause(False)
+
+    @contextlib.contextmanager
+    def checking(self):
+        """While the judge only checks what a worker sends (one thread: it takes no core from the
+        side being timed)."""
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+    def _loader(self, side: str, **request) -> RemoteLoader:
+        was = self.side
+        self.focus(side)
+        worker = self.workers[side]
+        try:
+            reply = worker.request("loader", **request)
+        finally:
+            self.focus(was)
+        return RemoteLoader(worker, int(reply["handle"]), reply.get("len"))
+
+    def naive_loader(self, profile, *, split: str = "train", augment: bool = True, seed: int = 0) -> RemoteLoader:
+        """The naive loader, built in the baseline's worker (no student code ever ran there)."""
+        return self._loader("baseline", split=split, augment=augment, seed=seed, batch_size=profile.batch_size)
+
+    def make_fast_loader(self, lab, **kw) -> RemoteLoader:
+        """The student's ``make_fast_loader(lab, split=..., augment=...)``, called in their worker
+        (with only the arguments given here: their own defaults apply to the rest)."""
+        return self._loader("candidate", **{k: kw[k] for k in ("split", "augment") if k in kw},
+                            batch_size=lab.profile.batch_size)
+
+
+def buffer_bytes(profile) -> int:
+    """The shared buffer a worker's batch crosses: twice a float32 batch of the profile, 1 MiB more."""
+    return 2 * profile.batch_size * 3 * profile.image_size ** 2 * 4 + 2**20
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    judged = Path(spec["judged"])
+    os.environ.update({"LAB_PROFILE": spec["profile"], "LAB_THRESHOLDS": spec["thresholds"],
+                       "LAB_CALIBRATION": spec.get("calibration") or os.devnull,
+                       "LAB_RESULTS": str(judged), "LAB_DATA": spec["data"], **QUIET_WAIT})
+    started = time.perf_counter()
+    import labsupport  # noqa: F401
+    from labsupport import grading, hardware
+    from labsupport.grading import rungs
+
+    number = spec["notebook"]
+    lab = grading.grading_lab()
+    hardware.quiet_library_logs(lab.device)
+    out = {"notebook": number, "checks": {}, "rung": None, "problems": [], "judge": True}
+    code = Path(spec["inputs"]) / "code" / f"{number}.py"
+    if code.is_file():  # root's copy: what later notebooks' verdicts load as this notebook's code
+        (judged / "code").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(code, judged / "code" / code.name)
+    worker_spec = {"notebook": number, "profile": spec["profile"], "data": spec["data"],
+                   "inputs": spec["inputs"]}
+    kw = dict(prefix=list(spec.get("sandbox") or []), env=dict(spec["env"]), buffer_bytes=buffer_bytes(lab.profile))
+    with Worker("student", worker_spec, **kw) as student, Worker("baseline", worker_spec, **kw) as baseline:
+        sides = Sides(student, baseline)
+        loaded = ""
+        for worker in (student, baseline):
+            try:
+                worker.request("load")
+            except WorkerError as err:
+                loaded = loaded or str(err)
+        if loaded:
+            out["problems"].append(loaded)
+        namespace = {} if loaded else {"make_fast_loader": sides.make_fast_loader}
+        found = grading.run(number, namespace, lab=lab, keep=False, sides=sides)
+        grading.keep_checks(number, found.values())
+        out["checks"] = {c: {"status": r.status, "reason": r.reason, "measured": r.measured,
+                             "threshold": r.threshold, "note": r.note} for c, r in found.items()}
+        if namespace:
+            try:
+                sides.focus("candidate")
+                rung = rungs.measure(number, namespace, lab, found)
+                out["rung"] = None if rung is None else round(float(rung["samples_per_s"]), 3)
+            except Exception as err:
+                out["problems"].append(f"rung not measured: {type(err).__name__}: {str(err)[:300]}")
+    out["seconds"] = round(time.perf_counter() - started, 2)
+    Path(spec["out"]).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,264 @@
+"""The judge (labsupport/grading/judging.py): 02's verdicts decided by a process that runs no
+student code, driving the student's carried code and the naive baseline in two workers.
+
+Each submission here is carried code as a careless or clever student writes it, handed to the
+judge exactly as the grader hands it (``inputs/code/02.py``), at the tiny profile; where speed
+matters, at ``tiny:grades_speed=1``. The sandboxed cases need root and bubblewrap (``make test``
+installs it) and skip visibly without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder import sandbox
+from labsupport.grading import wire
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_sandbox = pytest.mark.skipif(sandbox.problem() is not None,
+                                   reason=f"no grading sandbox here: {sandbox.problem()}")
+
+
+@pytest.fixture(scope="module")
+def reference_02(tmp_path_factory, tiny_data):
+    """The reference's 02 code, carried forward as the grader's kernel keeps it."""
+    from autograder import reference
+
+    results = tmp_path_factory.mktemp("kernel-results")
+    env = {"LAB_DATA": str(tiny_data), "LAB_PROFILE": "tiny", "LAB_RESULTS": str(results)}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        reference.keep_all()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return (results / "code" / "02.py").read_text()
+
+
+def judge(tmp_path, tiny_data, code: str, *, profile: str = "tiny", boxed: bool = False) -> dict:
+    """Run the judge on ``code`` as 02's carried code; its verdict."""
+    inputs, judged = tmp_path / "inputs", tmp_path / "judged"
+    (inputs / "code").mkdir(parents=True)
+    judged.mkdir()
+    (inputs / "code" / "02.py").write_text(code)
+    for path in (tmp_path, *tmp_path.parents):  # the sandbox user reads the inputs
+        if path != Path("/"):
+            path.chmod(path.stat().st_mode | 0o055)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    prefix = []
+    if boxed:
+        prefix = sandbox.Sandbox(writable=(), readable=(ROOT, Path(tiny_data), inputs)).command([], cwd=Path("/tmp"))
+    spec = {"notebook": "02", "profile": profile, "thresholds": str(ROOT / "labsupport" / "thresholds.toml"),
+            "calibration": None, "data": str(tiny_data), "inputs": str(inputs), "judged": str(judged),
+            "out": str(tmp_path / "verdict.json"), "sandbox": prefix, "env": env}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, "-P", "-m", "labsupport.grading.judging", str(tmp_path / "spec.json")],
+                          env={**env, "OMP_WAIT_POLICY": "PASSIVE"}, capture_output=True, text=True, timeout=600)
+    if boxed:
+        sandbox.kill_all()
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((tmp_path / "verdict.json").read_text())
+
+
+def statuses(verdict: dict) -> dict[str, str]:
+    return {c: v["status"] for c, v in verdict["checks"].items()}
+
+
+# A module-level helper class, as many students write it: carried and run as written.
+HELPER_CLASS = '''
+
+class _Batches:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        yield from self.loader
+
+
+_made_here = make_fast_loader
+
+
+def make_fast_loader(lab, split="train", augment=True):
+    return _Batches(_made_here(lab, split, augment))
+'''
+
+
+def test_reference_and_a_helper_class_are_judged_correct(tmp_path, tiny_data, reference_02):
+    verdict = judge(tmp_path, tiny_data, reference_02 + HELPER_CLASS)
+    assert statuses(verdict) == {"02-loader-speedup": "n/a", "02-data-wait-share": "n/a"}, verdict
+    assert verdict["judge"] and not verdict["problems"] and verdict["rung"] > 0
+    # what later notebooks' verdicts read: this notebook's code, checks table and rung, in root's folder
+    judged = tmp_path / "judged"
+    assert (judged / "code" / "02.py").read_text() == reference_02 + HELPER_CLASS
+    assert (judged / "checks" / "02.json").is_file() and (judged / "02-data.json").is_file()
+
+
+# Carried code that, when it is loaded, bends what measures it: the naive loader and PIL slowed,
+# labsupport's judge and comparison replaced. In the verdict process all of it ran beside the
+# baseline; in its worker it reaches nothing the judge measures or decides with.
+BENDING = '''
+import time as _time
+import PIL.Image as _Image
+import labsupport.grading as _grading
+import labsupport.measure as _measure
+
+_open = _Image.open
+
+
+def _slow_open(*args, **kwargs):
+    _time.sleep(0.05)
+    return _open(*args, **kwargs)
+
+
+_Image.open = _slow_open
+ls.pipeline.naive_loader = lambda *a, **k: (_time.sleep(1), None)[1]
+_grading.judge = lambda check, measured, machine, **kw: None
+_measure.compare = None
+
+
+def make_fast_loader(lab, split="train", augment=True):
+    return _naive(lab.profile, split=split, augment=augment, seed=lab.seed)
+'''
+
+
+def test_code_that_bends_the_baseline_or_the_judge_when_loaded_bends_nothing(tmp_path, tiny_data):
+    """The naive loader as the answer, with the baseline slowed and the judge replaced as it loads:
+    measured as the naive loader it is (about 1x), and failed."""
+    code = ("import labsupport as ls\n_naive = ls.pipeline.naive_loader\n" + BENDING)
+    verdict = judge(tmp_path, tiny_data, code, profile="tiny:grades_speed=1")
+    speedup = verdict["checks"]["02-loader-speedup"]
+    assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
+    assert speedup["measured"] < 1.5, speedup  # the naive loader is about 1x of itself, slowed or not
+
+
+def test_a_loader_honest_for_one_epoch_then_repeating_a_batch_forever_fails(tmp_path, tiny_data, reference_02):
+    code = reference_02 + '''
+
+_honest = make_fast_loader
+
+
+def make_fast_loader(lab, split="train", augment=True):
+    loader = _honest(lab, split, augment)
+
+    class OnceThenOne:
+        epochs = 0
+
+        def __len__(self):
+            return len(loader)
+
+        def __iter__(self):
+            OnceThenOne.epochs += 1
+            if OnceThenOne.epochs == 1 or split != "train":
+                yield from loader
+                return
+            batch = next(iter(loader))
+            while True:  # the second epoch never ends
+                yield batch
+    return OnceThenOne()
+'''
+    verdict = judge(tmp_path, tiny_data, code)
+    for c, v in verdict["checks"].items():
+        assert v["status"] == "fail" and v["reason"] == "incorrect" and "timed epoch" in v["note"], (c, v)
+
+
+def test_a_worker_that_breaks_its_channel_costs_its_own_checks(tmp_path, tiny_data, reference_02):
+    """Carried code that writes garbage into the reply channel, then a loader that kills its
+    worker: each check fails with what happened, and the judge still writes its verdict."""
+    code = reference_02 + '''
+
+import os as _os
+
+
+def make_fast_loader(lab, split="train", augment=True):
+    for fd in range(3, 12):  # whatever the channel is: an enormous announced message
+        try:
+            _os.write(fd, b"\\xff\\xff\\xff\\xff" + b"x" * 64)
+        except OSError:
+            pass
+    _os._exit(3)
+'''
+    verdict = judge(tmp_path, tiny_data, code)
+    for c, v in verdict["checks"].items():
+        assert v["status"] == "fail" and ("broke off" in v["note"] or "announced" in v["note"]), (c, v)
+
+
+@needs_sandbox
+def test_in_the_sandbox_the_worker_reaches_neither_the_judge_nor_its_files(tmp_path, tiny_data, reference_02):
+    """Sandboxed, the student's worker runs as the sandbox user, sees no process of the judge's and
+    cannot write where the judge keeps what it decided; the reference is still judged correct."""
+    judged = tmp_path / "judged"
+    code = reference_02 + f'''
+
+import os as _os
+from pathlib import Path as _Path
+
+_seen = {{"uid": _os.getuid(), "pids": sorted(int(p) for p in _os.listdir("/proc") if p.isdigit())}}
+try:
+    (_Path({str(judged)!r}) / "02-data.json").write_text("forged")
+    _seen["wrote"] = True
+except OSError:
+    _seen["wrote"] = False
+_honest_make = make_fast_loader
+
+
+def make_fast_loader(lab, split="train", augment=True):
+    if _seen["uid"] == 0 or _seen["wrote"] or max(_seen["pids"]) > 100:
+        raise RuntimeError(f"outside the sandbox: {{_seen}}")
+    return _honest_make(lab, split, augment)
+'''
+    verdict = judge(tmp_path, tiny_data, code, boxed=True)
+    assert statuses(verdict) == {"02-loader-speedup": "n/a", "02-data-wait-share": "n/a"}, verdict
+    assert json.loads((judged / "02-data.json").read_text())["stage"] == "02-data"
+
+
+# --- the wire ------------------------------------------------------------------------------------
+
+def test_the_wire_round_trips_tensors_and_refuses_what_lies_outside_its_buffer():
+    fd, mapped = wire.buffer(4096)
+    view = memoryview(mapped)
+    try:
+        x, y = torch.arange(12, dtype=torch.float32).reshape(3, 4), torch.tensor([1, 2, 3])
+        got = wire.take(view, wire.put(view, [x, y]))
+        assert torch.equal(got[0], x) and torch.equal(got[1], y)
+        for bad, why in (([{"dtype": "float32", "shape": [4096], "offset": 0}], "outside"),
+                         ([{"dtype": "float32", "shape": [2], "offset": 4095}], "outside"),
+                         ([{"dtype": "object", "shape": [1], "offset": 0}], "dtypes"),
+                         ([{"dtype": "float32", "shape": [-1], "offset": 0}], "shape"),
+                         ([{"dtype": "float32", "shape": [1], "offset": True}], "shape"),
+                         ({"dtype": "float32"}, "list")):
+            with pytest.raises(wire.WireError, match=why):
+                wire.take(view, bad)
+        with pytest.raises(wire.WireError, match="do not fit"):
+            wire.put(view, [torch.zeros(2048)])
+    finally:
+        view.release()
+        mapped.close()
+        os.close(fd)
+
+
+def test_the_wire_refuses_oversized_and_non_json_messages():
+    r, w = os.pipe()
+    try:
+        os.write(w, (wire.MESSAGE_BYTES + 1).to_bytes(4, "big"))
+        with pytest.raises(wire.WireError, match="announced"):
+            wire.receive(r)
+        os.write(w, (3).to_bytes(4, "big") + b"{x}")
+        with pytest.raises(wire.WireError, match="not JSON"):
+            wire.receive(r)
+        os.write(w, (2).to_bytes(4, "big") + b"[]")
+        with pytest.raises(wire.WireError, match="not a JSON object"):
+            wire.receive(r)
+    finally:
+        os.close(r)
+        os.close(w)
