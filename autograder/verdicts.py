@@ -122,7 +122,10 @@ def _judge(number: str, inputs: Path, *, dirs, settings: dict[str, str], box: sa
     out = dirs.work / f"judge-{number}.json"
     out.unlink(missing_ok=True)
     dirs.judged.mkdir(exist_ok=True)
-    inner = environment({**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}), **(env or {})})
+    # Not the submission's Inductor cache (TORCHINDUCTOR_CACHE_DIR in ``env``): a folder the sandbox
+    # writes, which root must not write into, and which 02 compiles nothing with.
+    inner = environment({**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}),
+                         **{k: v for k, v in (env or {}).items() if k != "TORCHINDUCTOR_CACHE_DIR"}})
     # The workers see the dataset, labsupport and the carried code, read-only, and write nowhere
     # but their own /tmp: not the grader's store, which later notebooks' verdicts read.
     worker_box = None if box is None else sandbox.Sandbox(writable=(), readable=box.readable)

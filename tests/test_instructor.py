@@ -656,7 +656,7 @@ def test_the_forged_verdict_never_reaches_what_decides_02(graded):
     assert (row.check, row.result, row.reason, row.bar) == ("02-loader-speedup", "fail", "error", ">= 3"), row
     page = (root / "feedback" / "cheater" / "lab" / "02_data_loading.html").read_text()
     assert page.index("The grader's verdicts") < page.index("student's self-check")
-    assert "forged by the submission" not in page
+    assert not any("forged" in d["note"] for d in kept["decided"].values())  # (the page shows its source)
     table = grade.summary(graded["grades"])
     assert table.loc["reference", "automatic max"] == sum(sum(c.values()) for c in POINTS.values())  # 55
     assert table.loc["reference", "max"] == table.loc["reference", "automatic max"] + 4  # 06's analysis

@@ -43,7 +43,8 @@ def reference_02(tmp_path_factory, tiny_data):
     return (results / "code" / "02.py").read_text()
 
 
-def judge(tmp_path, tiny_data, code: str, *, profile: str = "tiny", boxed: bool = False) -> dict:
+def judge(tmp_path, tiny_data, code: str, *, profile: str = "tiny", boxed: bool = False,
+          reply_timeout_s: float | None = None) -> dict:
     """Run the judge on ``code`` as 02's carried code; its verdict."""
     inputs, judged = tmp_path / "inputs", tmp_path / "judged"
     (inputs / "code").mkdir(parents=True)
@@ -58,7 +59,8 @@ def judge(tmp_path, tiny_data, code: str, *, profile: str = "tiny", boxed: bool 
         prefix = sandbox.Sandbox(writable=(), readable=(ROOT, Path(tiny_data), inputs)).command([], cwd=Path("/tmp"))
     spec = {"notebook": "02", "profile": profile, "thresholds": str(ROOT / "labsupport" / "thresholds.toml"),
             "calibration": None, "data": str(tiny_data), "inputs": str(inputs), "judged": str(judged),
-            "out": str(tmp_path / "verdict.json"), "sandbox": prefix, "env": env}
+            "out": str(tmp_path / "verdict.json"), "sandbox": prefix, "env": env,
+            "reply_timeout_s": reply_timeout_s}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     done = subprocess.run([sys.executable, "-P", "-m", "labsupport.grading.judging", str(tmp_path / "spec.json")],
                           env={**env, "OMP_WAIT_POLICY": "PASSIVE"}, capture_output=True, text=True, timeout=600)
@@ -191,6 +193,30 @@ def make_fast_loader(lab, split="train", augment=True):
     verdict = judge(tmp_path, tiny_data, code)
     for c, v in verdict["checks"].items():
         assert v["status"] == "fail" and ("broke off" in v["note"] or "announced" in v["note"]), (c, v)
+
+
+def test_a_loader_that_never_answers_fails_in_its_time(tmp_path, tiny_data, reference_02):
+    """A loader whose first batch never comes: each check fails saying the worker did not answer in
+    time, and the judge neither waits on it again nor pairs a late reply with a later request."""
+    code = reference_02 + '''
+
+import time as _time
+
+
+def make_fast_loader(lab, split="train", augment=True):
+    class Hung:
+        def __len__(self):
+            return 5
+
+        def __iter__(self):
+            _time.sleep(3600)
+            yield None
+    return Hung()
+'''
+    verdict = judge(tmp_path, tiny_data, code, reply_timeout_s=5)
+    for c, v in verdict["checks"].items():
+        assert v["status"] == "fail" and "within 5 s" in v["note"], (c, v)
+    assert verdict["seconds"] < 60, verdict
 
 
 @needs_sandbox

@@ -22,7 +22,7 @@ The spec (JSON): ``notebook``, ``profile``, ``thresholds``, ``calibration``, ``d
 (root's read-only folder with the carried code), ``judged`` (root's folder for what this judge
 keeps: the checks table, the rung and the carried code, for later notebooks), ``out`` (the
 verdict file), ``sandbox`` (the command prefix a worker runs under, empty for none) and ``env``
-(the workers' environment).
+(the workers' environment); optionally ``reply_timeout_s`` (:data:`REPLY_TIMEOUT_S`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def judges(number: str, profile: str) -> bool:
     no loader pays in a notebook; sharing it through CUDA IPC instead is not yet proven on a GPU."""
     return number in NOTEBOOKS and not profile.startswith("cuda")
 LOG_CHARS = 2000  # of a worker's own output, kept for a failure's message
+# One reply at most (building a loader decodes the split: 6 s at 64 px on 2 cores; a batch takes
+# milliseconds). Past it the student's code has hung, and the check fails saying so.
+REPLY_TIMEOUT_S = 300.0
 # The judge's OpenMP threads sleep when their work is done rather than spin: mostly the judge waits
 # for a worker, and its spinning threads took the cores from the worker computing. 02's reference
 # loader served a batch in 8 ms in one process, in 21 ms from a worker beside a judge with two
@@ -62,10 +65,11 @@ class WorkerError(RuntimeError):
 class Worker:
     """One worker process, driven by requests (:mod:`.worker`); a context manager that stops it."""
 
-    def __init__(self, role: str, spec: dict, *, prefix: list[str], env: dict[str, str], buffer_bytes: int):
+    def __init__(self, role: str, spec: dict, *, prefix: list[str], env: dict[str, str], buffer_bytes: int,
+                 reply_timeout_s: float = REPLY_TIMEOUT_S):
         from . import wire
 
-        self.role, self._wire = role, wire
+        self.role, self._wire, self.reply_timeout_s, self.broken = role, wire, reply_timeout_s, ""
         to_worker, self._requests = os.pipe()
         self._replies, from_worker = os.pipe()
         buffer_fd, self._map = wire.buffer(buffer_bytes)
@@ -87,13 +91,22 @@ class Worker:
             self._log = (self._log + chunk.decode(errors="replace"))[-LOG_CHARS:]
 
     def request(self, op: str, **fields) -> dict:
-        """Send one request and wait for its reply (a WorkerError if the worker raised or broke off)."""
+        """Send one request and wait for its reply (a WorkerError if the worker raised, broke off or
+        did not answer in :data:`REPLY_TIMEOUT_S`). A stopped worker asked for something runs again."""
+        if self.broken:  # its replies can no longer be paired with requests
+            raise WorkerError(self.broken)
+        self.pause(False)
         try:
             self._wire.send(self._requests, {"op": op, **fields})
-            reply = self._wire.receive(self._replies)
+            # The first request also waits for the worker to start (importing torch: seconds).
+            reply = self._wire.receive(self._replies, max(self.reply_timeout_s, REPLY_TIMEOUT_S)
+                                       if op == "load" else self.reply_timeout_s)
         except self._wire.WireError as err:
             last = self._log.strip().splitlines()[-1:] or [""]
-            raise WorkerError(f"your code's worker broke off ({err}); its last words: {last[0][:300]}") from None
+            self.broken = (f"your code's worker broke off at its '{op}' request ({err}"
+                           + (f" within {self.reply_timeout_s:.0f} s" if "in time" in str(err) else "")
+                           + f"); its last words: {last[0][:300]}")
+            raise WorkerError(self.broken) from None
         if "error" in reply:
             raise WorkerError(str(reply["error"])[:600])
         return reply
@@ -137,14 +150,15 @@ class Worker:
             with contextlib.suppress(OSError):
                 os.close(fd)
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=1 if self.broken else 10)
         except subprocess.TimeoutExpired:
             for pid in reversed(self._tree()):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             self.process.wait()
-        self.view.release()
-        self._map.close()
+        with contextlib.suppress(BufferError):  # a tensor still viewing it: the process ends soon
+            self.view.release()
+            self._map.close()
 
 
 class RemoteLoader:
@@ -248,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copyfile(code, judged / "code" / code.name)
     worker_spec = {"notebook": number, "profile": spec["profile"], "data": spec["data"],
                    "inputs": spec["inputs"]}
-    kw = dict(prefix=list(spec.get("sandbox") or []), env=dict(spec["env"]), buffer_bytes=buffer_bytes(lab.profile))
+    kw = dict(prefix=list(spec.get("sandbox") or []), env=dict(spec["env"]), buffer_bytes=buffer_bytes(lab.profile),
+              reply_timeout_s=float(spec.get("reply_timeout_s") or REPLY_TIMEOUT_S))
     with Worker("student", worker_spec, **kw) as student, Worker("baseline", worker_spec, **kw) as baseline:
         sides = Sides(student, baseline)
         loaded = ""

@@ -15,7 +15,9 @@ import fcntl
 import json
 import mmap
 import os
+import select
 import struct
+import time
 
 import torch
 
@@ -45,13 +47,15 @@ def send(fd: int, message: dict) -> None:
     _write_all(fd, struct.pack(">I", len(data)) + data)
 
 
-def receive(fd: int) -> dict:
-    """The next message from ``fd``: a JSON object, or a WireError (too long, not JSON, closed)."""
-    (size,) = struct.unpack(">I", _read_exactly(fd, 4))
+def receive(fd: int, timeout_s: float | None = None) -> dict:
+    """The next message from ``fd``: a JSON object, or a WireError (too long, not JSON, closed, or
+    not complete within ``timeout_s``)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    (size,) = struct.unpack(">I", _read_exactly(fd, 4, deadline))
     if size > MESSAGE_BYTES:
         raise WireError(f"a message of {size} bytes announced (at most {MESSAGE_BYTES})")
     try:
-        message = json.loads(_read_exactly(fd, size))
+        message = json.loads(_read_exactly(fd, size, deadline))
     except ValueError as err:
         raise WireError(f"a message that is not JSON: {err}") from None
     if not isinstance(message, dict):
@@ -116,9 +120,11 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _read_exactly(fd: int, size: int) -> bytes:
+def _read_exactly(fd: int, size: int, deadline: float | None = None) -> bytes:
     chunks, left = [], size
     while left:
+        if deadline is not None and not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise WireError("no answer in time")
         chunk = os.read(fd, left)
         if not chunk:
             raise WireError("the other side closed the channel")
