@@ -78,9 +78,23 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
             pass  # never written: the checks say what is missing
         except OSError as err:
             problems.append(f"the kernel's {name} was not taken: {err}")
+    judged = judging.judges(number, settings["profile"])
+    for earlier in judging.EARLIER_CODE.get(number, ()) if judged else ():
+        # Earlier notebooks' carried code, for the student's worker: as this grader kept it (root's
+        # copy where a judge decided that notebook, else the store its verdict process wrote).
+        name = f"code/{earlier}.py"
+        try:
+            if (dirs.judged / name).is_file():
+                shutil.copyfile(dirs.judged / name, inputs / name)
+            else:
+                boundary.copy_file(dirs.store, name, inputs / name)
+        except FileNotFoundError:
+            pass  # never carried: the checks say what is missing
+        except OSError as err:
+            problems.append(f"{name} was not taken: {err}")
     for path in [inputs, *inputs.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    if judging.judges(number, settings["profile"]):
+    if judged:
         return _judge(number, inputs, dirs=dirs, settings=settings, box=box, pythonpath=pythonpath,
                       timeout_s=timeout_s, env=env, problems=problems)
     shutil.rmtree(dirs.outbox, ignore_errors=True)
@@ -122,16 +136,19 @@ def _judge(number: str, inputs: Path, *, dirs, settings: dict[str, str], box: sa
     out = dirs.work / f"judge-{number}.json"
     out.unlink(missing_ok=True)
     dirs.judged.mkdir(exist_ok=True)
-    # Not the submission's Inductor cache (TORCHINDUCTOR_CACHE_DIR in ``env``): a folder the sandbox
-    # writes, which root must not write into, and which 02 compiles nothing with.
-    inner = environment({**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}),
-                         **{k: v for k, v in (env or {}).items() if k != "TORCHINDUCTOR_CACHE_DIR"}})
+    workers_env = environment({**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}), **(env or {})})
+    # The judge (root's) never gets the submission's Inductor cache (TORCHINDUCTOR_CACHE_DIR): a
+    # folder the sandbox writes, which root must not write into; it compiles nothing anyway.
+    inner = {k: v for k, v in workers_env.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     # The workers see the dataset, labsupport and the carried code, read-only, and write nowhere
-    # but their own /tmp: not the grader's store, which later notebooks' verdicts read.
-    worker_box = None if box is None else sandbox.Sandbox(writable=(), readable=box.readable)
+    # but their own /tmp and the submission's Inductor cache (05 compiles, and reuses what its
+    # kernel compiled): not the grader's store, which later notebooks' verdicts read.
+    cache = env.get("TORCHINDUCTOR_CACHE_DIR") if env else None
+    worker_box = None if box is None else sandbox.Sandbox(writable=(Path(cache),) if cache else (),
+                                                          readable=box.readable)
     spec = {"notebook": number, "inputs": str(inputs), "judged": str(dirs.judged), "out": str(out),
-            "sandbox": worker_box.command([], cwd=Path("/tmp")) if worker_box else [], "env": inner,
-            **settings}
+            "sandbox": worker_box.command([], cwd=Path("/tmp")) if worker_box else [],
+            "env": workers_env if worker_box else inner, **settings}
     (inputs / "judge.json").write_text(json.dumps(spec, indent=1))
     argv = [sys.executable, "-P", "-m", "labsupport.grading.judging", str(inputs / "judge.json")]
     done = boundary.run(argv, env={**inner, **judging.QUIET_WAIT}, timeout_s=timeout_s,

@@ -445,10 +445,15 @@ def quiet_library_logs(device: torch.device) -> None:
       starts) above its highest level turns them off; set it yourself, to 0 say, to see them.
     - Off CUDA, Inductor's C++ build imports ``torch.utils.cpp_extension``, which warns "No CUDA
       runtime is found" on the CUDA build of torch: true, and expected on a CPU.
+    - torch 2.11's profiler warns "Profiler clears events at the end of each cycle" on every
+      profiled run, one cycle or many (pytorch/pytorch#180348, fixed in 2.12 by #180387): seen in
+      01's profiler cell on an H200 with torch 2.11. The lab profiles one cycle, which loses nothing.
     """
     import logging
 
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle",
+                            category=UserWarning)
     if device.type != "cuda":
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 

@@ -583,7 +583,8 @@ def test_05_break_even_cannot_read_the_expected_answer_from_the_checker():
             frame = frame.f_back
         return -1.0
 
-    assert len(g05_compile._break_even_errors(peeking, [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)])) == 2
+    here = g05_compile.Here({"break_even_steps": peeking}, None)
+    assert len(g05_compile._break_even_errors(here.break_even, [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)])) == 2
 
 
 # 07 ------------------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ needs_sandbox = pytest.mark.skipif(sandbox.problem() is not None,
 
 
 @pytest.fixture(scope="module")
-def reference_02(tmp_path_factory, tiny_data):
-    """The reference's 02 code, carried forward as the grader's kernel keeps it."""
+def reference_code(tmp_path_factory, tiny_data) -> dict[str, str]:
+    """The reference's carried code of every notebook, as the grader's kernel keeps it."""
     from autograder import reference
 
     results = tmp_path_factory.mktemp("kernel-results")
@@ -40,16 +40,25 @@ def reference_02(tmp_path_factory, tiny_data):
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    return (results / "code" / "02.py").read_text()
+    return {path.stem: path.read_text() for path in (results / "code").glob("*.py")}
 
 
-def judge(tmp_path, tiny_data, code: str, *, profile: str = "tiny", boxed: bool = False,
-          reply_timeout_s: float | None = None) -> dict:
-    """Run the judge on ``code`` as 02's carried code; its verdict."""
+@pytest.fixture(scope="module")
+def reference_02(reference_code) -> str:
+    return reference_code["02"]
+
+
+def judge(tmp_path, tiny_data, code: str, *, notebook: str = "02", earlier: dict[str, str] | None = None,
+          profile: str = "tiny", boxed: bool = False, reply_timeout_s: float | None = None,
+          thresholds: Path | None = None) -> dict:
+    """Run the judge on ``code`` as notebook ``notebook``'s carried code (``earlier``: earlier
+    notebooks' carried code, as the grader hands it over); its verdict."""
     inputs, judged = tmp_path / "inputs", tmp_path / "judged"
     (inputs / "code").mkdir(parents=True)
     judged.mkdir()
-    (inputs / "code" / "02.py").write_text(code)
+    (inputs / "code" / f"{notebook}.py").write_text(code)
+    for number, text in (earlier or {}).items():
+        (inputs / "code" / f"{number}.py").write_text(text)
     for path in (tmp_path, *tmp_path.parents):  # the sandbox user reads the inputs
         if path != Path("/"):
             path.chmod(path.stat().st_mode | 0o055)
@@ -57,7 +66,8 @@ def judge(tmp_path, tiny_data, code: str, *, profile: str = "tiny", boxed: bool 
     prefix = []
     if boxed:
         prefix = sandbox.Sandbox(writable=(), readable=(ROOT, Path(tiny_data), inputs)).command([], cwd=Path("/tmp"))
-    spec = {"notebook": "02", "profile": profile, "thresholds": str(ROOT / "labsupport" / "thresholds.toml"),
+    spec = {"notebook": notebook, "profile": profile,
+            "thresholds": str(thresholds or ROOT / "labsupport" / "thresholds.toml"),
             "calibration": None, "data": str(tiny_data), "inputs": str(inputs), "judged": str(judged),
             "out": str(tmp_path / "verdict.json"), "sandbox": prefix, "env": env,
             "reply_timeout_s": reply_timeout_s}
@@ -249,6 +259,90 @@ def make_fast_loader(lab, split="train", augment=True):
 
 
 # --- the wire ------------------------------------------------------------------------------------
+
+# 05 as a student writes it, compiled with Dynamo's eager backend (a graph captured in seconds,
+# where Inductor would take minutes at this size): correct, and about as fast as eager.
+COMPILE_05 = """
+import math
+
+import torch
+
+
+def compile_inference(model):
+    return torch.compile(model, backend="eager")
+
+
+def break_even_steps(compile_s, eager_ms, compiled_ms):
+    return math.inf if compiled_ms >= eager_ms else compile_s * 1000 / (eager_ms - compiled_ms)
+"""
+
+
+def test_05_correct_code_is_judged_correct_in_its_worker(tmp_path, tiny_data, reference_code):
+    """Compiled, with outputs equal to eager's on every timed call, and the break-even right on the
+    compile time the judge measured; inferring in the student's carried 03 precision. Without their
+    02 code the rung cannot be set up, and the verdict says so."""
+    verdict = judge(tmp_path, tiny_data, COMPILE_05, notebook="05", earlier={"03": reference_code["03"]})
+    checks = verdict["checks"]
+    assert statuses(verdict) == {"05-compile-speedup": "n/a", "05-break-even": "pass"}, checks
+    note = checks["05-compile-speedup"]["note"]
+    assert "every timed call's outputs within" in note and "(your 03 choice)" in note, note
+    assert any("rung not measured" in p and "02" in p for p in verdict["problems"]), verdict["problems"]
+
+
+def test_05_break_even_finds_no_checker_to_read_in_its_worker(tmp_path, tiny_data):
+    """A break_even_steps that searches every frame above it for the checker's numbers: in its
+    worker there is no checker to read, and its answers are wrong."""
+    code = COMPILE_05 + """
+
+import sys
+
+
+def break_even_steps(compile_s, eager_ms, compiled_ms):
+    frame = sys._getframe(1)
+    while frame is not None:
+        for name in ("want", "expected", "compile_s"):
+            if isinstance(frame.f_locals.get(name), float):
+                return frame.f_locals[name]
+        frame = frame.f_back
+    return -1.0
+"""
+    verdict = judge(tmp_path, tiny_data, code, notebook="05")
+    even = verdict["checks"]["05-break-even"]
+    assert even["status"] == "fail" and "expected" in even["note"], even
+
+
+def test_05_code_that_slows_the_eager_baseline_when_loaded_slows_nothing(tmp_path, tiny_data):
+    """Carried code that, as it loads, makes labsupport's eager model sleep on every call: in one
+    process it would slow the baseline it is compared with. The baseline's worker never loads it,
+    so the eager backend measures as what it is (about 1x) and misses the bar (05's bar set for
+    class cpu here, where the course grades no compile speed)."""
+    code = COMPILE_05 + """
+
+import time
+
+from labsupport.grading import g05_compile
+
+_call = g05_compile.Inference.__call__
+
+
+def _slow_when_eager(self):
+    if self.fn is self.model:
+        time.sleep(0.05)
+    return _call(self)
+
+
+g05_compile.Inference.__call__ = _slow_when_eager
+"""
+    text = (ROOT / "labsupport" / "thresholds.toml").read_text()
+    section = text.index('[checks."05-compile-speedup"]')
+    cpu = text.index('cpu = "n/a"', section)
+    thresholds = tmp_path / "thresholds.toml"
+    thresholds.write_text(text[:cpu] + "cpu = 1.25" + text[cpu + len('cpu = "n/a"'):])
+    verdict = judge(tmp_path, tiny_data, code, notebook="05", profile="tiny:grades_speed=1", thresholds=thresholds)
+    speedup = verdict["checks"]["05-compile-speedup"]
+    assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
+    assert speedup["measured"] < 1.5, speedup
+
 
 def test_the_wire_round_trips_tensors_and_refuses_what_lies_outside_its_buffer():
     fd, mapped = wire.buffer(4096)

@@ -38,18 +38,27 @@ import threading
 import time
 from pathlib import Path
 
-NOTEBOOKS = ("02",)  # decided here; the rest by the verdict process (grading/verdict.py) for now
+NOTEBOOKS = ("02", "05")  # decided here; the rest by the verdict process (grading/verdict.py) for now
+# The student's functions each judged notebook calls, by name: the judge asks its worker for them.
+GRADED = {"02": ("make_fast_loader",), "05": ("compile_inference", "break_even_steps")}
+# Earlier notebooks' carried code a judged notebook's worker loads beside its own (05: its rung is
+# the student's 03 step, compiled, fed by their 02 loader, and it infers in their 03 precision).
+EARLIER_CODE = {"02": (), "05": ("02", "03")}
 
 
 def judges(number: str, profile: str) -> bool:
-    """Whether the judge decides notebook ``number`` under ``profile``: 02 off CUDA. On a GPU a
-    batch would cross to the judge through host memory (the lab's largest, 157 MB at 160 px), which
-    no loader pays in a notebook; sharing it through CUDA IPC instead is not yet proven on a GPU."""
-    return number in NOTEBOOKS and not profile.startswith("cuda")
+    """Whether the judge decides notebook ``number`` under ``profile``: 05 everywhere (only logits
+    cross; its judge's tests passed on an H200), 02 off CUDA: on a GPU its batches would cross to
+    the judge through host memory (the lab's largest, 157 MB at 160 px), which no loader pays in a
+    notebook; sharing them through CUDA IPC instead is not yet built."""
+    return number in NOTEBOOKS and (number != "02" or not profile.startswith("cuda"))
 LOG_CHARS = 2000  # of a worker's own output, kept for a failure's message
 # One reply at most (building a loader decodes the split: 6 s at 64 px on 2 cores; a batch takes
 # milliseconds). Past it the student's code has hung, and the check fails saying so.
 REPLY_TIMEOUT_S = 300.0
+# Requests that may take long whatever reply_timeout_s says: the worker's start-up (importing
+# torch), a first compiled call (05), and the rung's steps, whose first ones compile.
+SLOW_OPS = ("load", "cold", "rung_step")
 # The judge's OpenMP threads sleep when their work is done rather than spin: mostly the judge waits
 # for a worker, and its spinning threads took the cores from the worker computing. 02's reference
 # loader served a batch in 8 ms in one process, in 21 ms from a worker beside a judge with two
@@ -100,7 +109,7 @@ class Worker:
             self._wire.send(self._requests, {"op": op, **fields})
             # The first request also waits for the worker to start (importing torch: seconds).
             reply = self._wire.receive(self._replies, max(self.reply_timeout_s, REPLY_TIMEOUT_S)
-                                       if op == "load" else self.reply_timeout_s)
+                                       if op in SLOW_OPS else self.reply_timeout_s)
         except self._wire.WireError as err:
             last = self._log.strip().splitlines()[-1:] or [""]
             self.broken = (f"your code's worker broke off at its '{op}' request ({err}"
@@ -234,10 +243,79 @@ class Sides:
         return self._loader("candidate", **{k: kw[k] for k in ("split", "augment") if k in kw},
                             batch_size=lab.profile.batch_size)
 
+    def break_even(self, cases) -> list[float]:
+        """05: the student's ``break_even_steps`` on each case, in their worker."""
+        return self.workers["candidate"].request("call", name="break_even_steps", args=[list(c) for c in cases])["values"]
+
+    def precision(self):
+        """05: the student's 03 precision, from their carried ``choose_precision``, in their worker
+        (a StudentCodeError with its message where that raised or chose something else)."""
+        import torch
+
+        from . import StudentCodeError
+
+        try:
+            reply = self.workers["candidate"].request("precision")
+        except WorkerError as err:
+            raise StudentCodeError(str(err)) from None
+        name = reply.get("dtype")
+        if name not in (None, "float16", "bfloat16"):
+            raise StudentCodeError(f"choose_precision chose dtype {name!r}")
+        return (getattr(torch, name) if name else None), bool(reply.get("channels_last"))
+
+    def inference(self, side: str, dtype) -> RemoteInference:
+        """05: the model on one batch in ``dtype``, in ``side``'s worker: eager for the baseline,
+        as the student's ``compile_inference`` returned it for the candidate."""
+        return RemoteInference(self.workers[side], dtype)
+
+
+class RemoteInference:
+    """05's :class:`~labsupport.grading.g05_compile.Inference`, held in a worker: each call is a
+    request, and its logits come back as a plain tensor."""
+
+    def __init__(self, worker: Worker, dtype):
+        self.worker = worker
+        worker.request("inference", dtype=None if dtype is None else str(dtype).removeprefix("torch."))
+
+    def cold(self) -> int:
+        return int(self.worker.request("cold")["graphs"])
+
+    def eager_calls(self) -> int:
+        return int(self.worker.request("eager_calls")["calls"])
+
+    def __call__(self):
+        (logits,) = self.worker.tensors(self.worker.request("infer"))
+        return logits
+
+
+def _stand_in(name: str):
+    """What the judge's namespace holds for the student's function ``name``: the checks run it
+    only through :class:`Sides`, in the worker; called here, it refuses."""
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"`{name}` runs in the student's worker, never in the judge")
+    return refuse
+
 
 def buffer_bytes(profile) -> int:
     """The shared buffer a worker's batch crosses: twice a float32 batch of the profile, 1 MiB more."""
     return 2 * profile.batch_size * 3 * profile.image_size ** 2 * 4 + 2**20
+
+
+def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> dict | None:
+    """Notebook ``number``'s rung: 02's in the judge (the student's loader, in their worker,
+    feeding the judge's own fp32 step); 05's whole step in their worker, timed from here."""
+    from labsupport import train
+
+    from . import rungs
+
+    if number != "05":
+        return rungs.measure(number, namespace, lab, found)
+    config = student.request("rung")["config"]
+    try:  # what the worker says its step is: a description only (the timing is the judge's)
+        config = train.StepConfig(**{k: v for k, v in config.items() if k != "compiled"}, compiled=True)
+    except TypeError:
+        config = train.StepConfig(compiled=True)
+    return rungs.measure_timed(number, lambda: student.request("rung_step"), config, lab, found)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,15 +344,16 @@ def main(argv: list[str] | None = None) -> int:
               reply_timeout_s=float(spec.get("reply_timeout_s") or REPLY_TIMEOUT_S))
     with Worker("student", worker_spec, **kw) as student, Worker("baseline", worker_spec, **kw) as baseline:
         sides = Sides(student, baseline)
-        loaded = ""
+        loaded, names = "", []
         for worker in (student, baseline):
             try:
-                worker.request("load")
+                names += worker.request("load")["names"]
             except WorkerError as err:
                 loaded = loaded or str(err)
         if loaded:
             out["problems"].append(loaded)
-        namespace = {} if loaded else {"make_fast_loader": sides.make_fast_loader}
+        namespace = {} if loaded else {name: sides.make_fast_loader if name == "make_fast_loader" else _stand_in(name)
+                                       for name in GRADED[number] if name in names}
         found = grading.run(number, namespace, lab=lab, keep=False, sides=sides)
         grading.keep_checks(number, found.values())
         out["checks"] = {c: {"status": r.status, "reason": r.reason, "measured": r.measured,
@@ -282,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         if namespace:
             try:
                 sides.focus("candidate")
-                rung = rungs.measure(number, namespace, lab, found)
+                rung = _rung(number, namespace, lab, found, student)
                 out["rung"] = None if rung is None else round(float(rung["samples_per_s"]), 3)
             except Exception as err:
                 out["problems"].append(f"rung not measured: {type(err).__name__}: {str(err)[:300]}")

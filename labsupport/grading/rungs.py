@@ -16,6 +16,7 @@ build (the same ``measure_rung``):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from .. import notebooks, report, train
 from . import CheckResult, carried, student
@@ -25,6 +26,33 @@ from .g03_amp import amp_step, precision
 def _measured(found: dict[str, CheckResult], check: str) -> float | None:
     result = found.get(check)
     return None if result is None else result.measured
+
+
+def step_05(amp_code: dict, lab) -> train.TrainStep:
+    """05's rung step: the student's 03 step (``amp_code``: 03's carried code) in their 03
+    precision, compiled."""
+    update = student(amp_code, "amp_train_step", "03")
+    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
+    return amp_step(update, dtype, channels_last, lab.device, seed=lab.seed, compiled=True)
+
+
+def measure_timed(number: str, step: Callable[[], object], config: train.StepConfig, lab,
+                  found: dict[str, CheckResult]) -> dict:
+    """Record notebook ``number``'s rung timed from outside (the grader's judge): ``step()`` runs
+    one whole step elsewhere (a batch from the student's loader, then their step) and returns when
+    it is done. Throughput as :func:`report.measure_rung` times it; no phase breakdown or peak
+    memory, which only the process running the step could count."""
+    from .. import measure, results
+
+    nb = notebooks.get(number)
+    profile = lab.profile
+    timing = measure.time_steps(step, lab.device, warmup=profile.warmup_steps, steps=profile.measure_steps,
+                                samples_per_step=profile.batch_size, progress=False)
+    extra = {"05": {"inference_speedup": _measured(found, "05-compile-speedup")}}.get(number, {})
+    metrics = {**timing.summary(), **extra, "timed_by": "the grader's judge, from outside",
+               "change": nb.change, "builds_on": nb.builds_on}
+    results.record(nb.stage, metrics, config=config, machine=lab.machine, profile=profile)
+    return metrics
 
 
 def measure(number: str, namespace: dict, lab, found: dict[str, CheckResult]) -> dict | None:
@@ -73,7 +101,7 @@ def measure(number: str, namespace: dict, lab, found: dict[str, CheckResult]) ->
                                    profile=big, progress=False, batch_size=batch,
                                    peak_ratio=_measured(found, "04-peak-ratio"))
     if number == "05":
-        step = amp_step(update, dtype, channels_last, device, seed=seed, compiled=True)
+        step = step_05(amp_code, lab)
         return report.measure_rung(nb.stage, step, loader(lab), lab, progress=False,
                                    inference_speedup=_measured(found, "05-compile-speedup"))
     raise ValueError(f"notebook {number} records stage {nb.stage} but has no rung here")

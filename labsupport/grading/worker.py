@@ -5,11 +5,13 @@ sandbox, and then only answers the judge's requests (:mod:`.wire`) until told to
 is either
 
 - ``student``: it loads the code notebook ``NN``'s checks carried forward (``code/NN.py``, copied
-  from the judge's read-only ``inputs``), and builds what the judge asks for with the student's
-  functions; or
+  from the judge's read-only ``inputs``, beside the earlier notebooks' the judge handed over),
+  and builds and runs what the judge asks for with the student's functions; or
 - ``baseline``: it loads no student code at all, and builds the same things with labsupport's
-  naive versions, so the baseline pays exactly the student's cost of being driven from outside.
+  own versions (02's naive loader, 05's eager model), so the baseline pays exactly the student's
+  cost of being driven from outside.
 
+Each request is answered by :class:`Served`'s method of its name (``op_<name>``).
 What a worker sends back is numbers: tensors copied into the judge's shared buffer, counts, and
 error messages. It never learns which of its outputs the judge checks, and its own clock decides
 nothing: the judge times each request from outside. SPEC is a JSON object: ``role``, ``notebook``,
@@ -28,6 +30,158 @@ import tempfile
 from pathlib import Path
 
 
+PRECISIONS = ("float16", "bfloat16")  # what a request may name for 05's inference (None: float32)
+
+
+class Served:
+    """What one worker holds and does: each ``op_<name>`` answers the request of that name."""
+
+    def __init__(self, spec: dict, view: memoryview, results: Path):
+        from labsupport.grading import grading_lab
+
+        self.spec, self.view, self.results = spec, view, results
+        self.student = spec["role"] == "student"
+        self.lab = grading_lab()
+        self.objects: dict[int, object] = {}
+        self.namespace: dict = {}
+        self.inference = self.rung = None
+
+    def keep(self, thing) -> int:
+        self.objects[len(self.objects)] = thing
+        return len(self.objects) - 1
+
+    def mine(self, name: str):
+        """The student's function ``name`` from the carried code (a student worker's alone)."""
+        from labsupport.grading import student
+
+        if not self.student:
+            raise PermissionError(f"the baseline's worker holds no student code ({name})")
+        return student(self.namespace, name, self.spec["notebook"])
+
+    def op_load(self, request) -> dict:
+        """The student's carried code, as its checks measured it, and the earlier notebooks' the
+        judge handed over (``inputs/code``): nothing for the baseline."""
+        from labsupport import carry
+
+        if self.student and self.spec.get("inputs"):
+            (self.results / "code").mkdir(exist_ok=True)
+            for source in sorted((Path(self.spec["inputs"]) / "code").glob("[0-9][0-9].py")):
+                shutil.copyfile(source, self.results / "code" / source.name)
+            if (self.results / "code" / f"{self.spec['notebook']}.py").is_file():
+                self.namespace.update(vars(carry.load(self.spec["notebook"], lab=self.lab)))
+        return {"ok": True, "names": sorted(self.namespace)}
+
+    def op_loader(self, request) -> dict:
+        """A loader for the profile: the student's ``make_fast_loader``, or the naive one (02)."""
+        import dataclasses
+
+        from labsupport import pipeline
+
+        size = request.get("batch_size") or self.lab.profile.batch_size
+        kw = {k: request[k] for k in ("split", "augment") if k in request}
+        if self.student:
+            make = self.namespace.get("make_fast_loader")
+            if not callable(make):
+                raise NameError("`make_fast_loader` is not defined in the code carried from 02")
+            here = self.lab if size == self.lab.profile.batch_size else dataclasses.replace(
+                self.lab, profile=dataclasses.replace(self.lab.profile, batch_size=size))
+            loader = make(here, **kw)
+        else:
+            profile = dataclasses.replace(self.lab.profile, batch_size=size)
+            loader = pipeline.naive_loader(profile, seed=request.get("seed", self.lab.seed), **kw)
+        try:
+            length = int(len(loader))
+        except TypeError:
+            length = None
+        return {"handle": self.keep(loader), "len": length}
+
+    def op_iter(self, request) -> dict:
+        return {"handle": self.keep(iter(self.objects[int(request["handle"])]))}
+
+    def op_next(self, request) -> dict:
+        """One batch, finished on its device, then copied for the judge."""
+        import torch
+
+        from labsupport import measure
+        from labsupport.grading import wire
+
+        try:
+            images, labels = next(self.objects[int(request["handle"])])
+        except StopIteration:
+            return {"stop": True}
+        measure.sync(self.lab.device)
+        if not (isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor)):
+            raise TypeError(f"a batch must be (images, labels) tensors, not ({type(images).__name__}, "
+                            f"{type(labels).__name__})")
+        return {"tensors": wire.put(self.view, [images, labels]), "device": images.device.type}
+
+    def op_call(self, request) -> dict:
+        """The student's function ``name`` on plain numbers (05's ``break_even_steps``)."""
+        fn = self.mine(str(request["name"]))
+        return {"values": [float(fn(*[float(a) for a in args])) for args in request["args"]]}
+
+    def op_precision(self, request) -> dict:
+        """The student's 03 ``choose_precision``, carried forward, checked."""
+        from labsupport.grading import carried
+        from labsupport.grading.g03_amp import precision
+
+        if not self.student:
+            raise PermissionError("the baseline's worker holds no student code (choose_precision)")
+        dtype, channels_last = precision(carried("03", self.lab).choose_precision, self.lab.machine)
+        return {"dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+                "channels_last": channels_last}
+
+    def op_inference(self, request) -> dict:
+        """05's model on one batch in ``dtype``: eager (baseline), or as the student's
+        ``compile_inference`` returned it."""
+        import torch
+
+        from labsupport.grading.g05_compile import Inference
+
+        name = request.get("dtype")
+        if name is not None and name not in PRECISIONS:
+            raise ValueError(f"no inference precision {name!r}")
+        dtype = getattr(torch, name) if name else None
+        self.inference = Inference(self.lab, dtype, self.mine("compile_inference") if self.student else None)
+        return {"ok": True}
+
+    def op_cold(self, request) -> dict:
+        return {"graphs": int(self.inference.cold())}
+
+    def op_eager_calls(self, request) -> dict:
+        return {"calls": int(self.inference.eager_calls())}
+
+    def op_infer(self, request) -> dict:
+        """One inference call; its logits, finished on the device, copied for the judge."""
+        from labsupport import measure
+        from labsupport.grading import wire
+
+        out = self.inference()
+        measure.sync(self.lab.device)
+        return {"tensors": wire.put(self.view, [out.detach().float()])}
+
+    def op_rung(self, request) -> dict:
+        """Set up this notebook's rung (05: the student's 03 step compiled, fed by their 02 loader)."""
+        import dataclasses
+
+        from labsupport import pipeline, train
+        from labsupport.grading import carried, rungs
+
+        if self.spec["notebook"] != "05" or not self.student:
+            raise ValueError(f"no rung to set up for notebook {self.spec['notebook']} here")
+        step = rungs.step_05(vars(carried("03", self.lab)), self.lab)
+        batches = pipeline.forever(carried("02", self.lab).make_fast_loader(self.lab))
+        self.rung = train.pipeline_step(batches, step, non_blocking=True, item_every_step=False)
+        return {"config": dataclasses.asdict(step.config)}
+
+    def op_rung_step(self, request) -> dict:
+        from labsupport import measure
+
+        self.rung()
+        measure.sync(self.lab.device)
+        return {"ok": True}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])
@@ -37,79 +191,26 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(tempfile.mkdtemp(prefix="worker-results-"))
     os.environ.update({"LAB_PROFILE": spec["profile"], "LAB_DATA": spec["data"], "LAB_RESULTS": str(results),
                        "LAB_CALIBRATION": os.devnull})
-    import torch
-
-    from labsupport import carry, measure, pipeline
-    from labsupport.grading import grading_lab
     from labsupport.grading import wire
 
-    view = memoryview(mmap.mmap(buffer_fd, 0))
-    lab = grading_lab()
-    objects: dict[int, object] = {}
-    namespace: dict = {}
-
-    def reply(message: dict) -> None:
-        wire.send(replies, message)
-
+    served = Served(spec, memoryview(mmap.mmap(buffer_fd, 0)), results)
     while True:
         try:
             request = wire.receive(requests)
         except wire.WireError:
             return 0  # the judge went away
         op = request.get("op")
+        if op == "quit":
+            wire.send(replies, {"ok": True})
+            return 0
         try:
-            if op == "quit":
-                reply({"ok": True})
-                return 0
-            if op == "load":  # the student's carried code, as its checks measured it
-                if spec["role"] == "student" and spec.get("inputs"):
-                    (results / "code").mkdir(exist_ok=True)
-                    name = f"{spec['notebook']}.py"
-                    source = Path(spec["inputs"]) / "code" / name
-                    if source.is_file():
-                        shutil.copyfile(source, results / "code" / name)
-                    namespace.update(vars(carry.load(spec["notebook"], lab=lab)))
-                reply({"ok": True, "names": sorted(namespace)})
-            elif op == "loader":  # a loader for the profile: the student's, or the naive one
-                size = request.get("batch_size") or lab.profile.batch_size
-                if spec["role"] == "student":
-                    make = namespace.get("make_fast_loader")
-                    if not callable(make):
-                        raise NameError("`make_fast_loader` is not defined in the code carried from 02")
-                    import dataclasses
-                    here = lab if size == lab.profile.batch_size else dataclasses.replace(
-                        lab, profile=dataclasses.replace(lab.profile, batch_size=size))
-                    loader = make(here, **{k: request[k] for k in ("split", "augment") if k in request})
-                else:
-                    import dataclasses
-                    profile = dataclasses.replace(lab.profile, batch_size=size)
-                    loader = pipeline.naive_loader(profile, seed=request.get("seed", lab.seed),
-                                                   **{k: request[k] for k in ("split", "augment") if k in request})
-                try:
-                    length = int(len(loader))
-                except TypeError:
-                    length = None
-                objects[len(objects)] = loader
-                reply({"handle": len(objects) - 1, "len": length})
-            elif op == "iter":
-                objects[len(objects)] = iter(objects[int(request["handle"])])
-                reply({"handle": len(objects) - 1})
-            elif op == "next":  # one batch, finished on its device, then copied for the judge
-                try:
-                    batch = next(objects[int(request["handle"])])
-                except StopIteration:
-                    reply({"stop": True})
-                    continue
-                images, labels = batch
-                measure.sync(lab.device)
-                if not (isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor)):
-                    raise TypeError(f"a batch must be (images, labels) tensors, not ({type(images).__name__}, "
-                                    f"{type(labels).__name__})")
-                reply({"tensors": wire.put(view, [images, labels]), "device": images.device.type})
-            else:
+            handler = getattr(served, f"op_{op}", None) if isinstance(op, str) else None
+            if handler is None:
                 raise ValueError(f"unknown request {op!r}")
+            answer = handler(request)
         except Exception as err:  # the student's code raised: the judge fails the check with it
-            reply({"error": f"{type(err).__name__}: {str(err)[:500]}"})
+            answer = {"error": f"{type(err).__name__}: {str(err)[:500]}"}
+        wire.send(replies, answer)
 
 
 if __name__ == "__main__":
