@@ -507,6 +507,24 @@ def test_05_compiled_model_with_other_outputs_fails():
     assert result.status == "fail" and "differ from eager" in result.note
 
 
+def test_05_a_compiled_model_that_remembers_its_first_answer_fails():
+    """Every timed call infers on fresh input: answers remembered from an earlier call are wrong."""
+    ns = solution("05", "break_even_steps")
+
+    def remembering(model):
+        compiled = torch.compile(model, backend="eager")
+        remembered = {}
+
+        def call(images):
+            remembered.setdefault(tuple(images.shape), compiled(images))
+            return remembered[tuple(images.shape)]
+        return call
+
+    ns["compile_inference"] = remembering
+    result = checks.run("05", ns, only=("05-compile-speedup",))["05-compile-speedup"]
+    assert result.status == "fail" and "differ from eager" in result.note, result.note
+
+
 def test_05_the_timed_calls_must_run_the_models_compiled_graph():
     """A wrapper that compiles something else on its first call (Dynamo captures a graph) and
     then runs the eager model fails; the model itself compiled (Dynamo's eager backend, quick to

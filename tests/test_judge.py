@@ -285,7 +285,7 @@ def test_05_correct_code_is_judged_correct_in_its_worker(tmp_path, tiny_data, re
     checks = verdict["checks"]
     assert statuses(verdict) == {"05-compile-speedup": "n/a", "05-break-even": "pass"}, checks
     note = checks["05-compile-speedup"]["note"]
-    assert "every timed call's outputs within" in note and "(your 03 choice)" in note, note
+    assert "every timed call (fresh input each) within" in note and "(your 03 choice)" in note, note
     assert any("rung not measured" in p and "02" in p for p in verdict["problems"]), verdict["problems"]
 
 
@@ -311,6 +311,28 @@ def break_even_steps(compile_s, eager_ms, compiled_ms):
     assert even["status"] == "fail" and "expected" in even["note"], even
 
 
+def test_05_a_compiled_model_that_remembers_its_first_answer_fails(tmp_path, tiny_data):
+    """compile_inference that compiles, then answers every later call of the same shape with its
+    first call's logits (as fast as it gets): each timed call gets fresh input, so the remembered
+    answers differ from eager's, and the check fails."""
+    code = COMPILE_05 + """
+
+def compile_inference(model):
+    compiled = torch.compile(model, backend="eager")
+    remembered = {}
+
+    def call(images):
+        key = tuple(images.shape)
+        if key not in remembered:
+            remembered[key] = compiled(images)
+        return remembered[key]
+    return call
+"""
+    verdict = judge(tmp_path, tiny_data, code, notebook="05")
+    speedup = verdict["checks"]["05-compile-speedup"]
+    assert speedup["status"] == "fail" and "differ from eager" in speedup["note"], speedup
+
+
 def test_05_code_that_slows_the_eager_baseline_when_loaded_slows_nothing(tmp_path, tiny_data):
     """Carried code that, as it loads, makes labsupport's eager model sleep on every call: in one
     process it would slow the baseline it is compared with. The baseline's worker never loads it,
@@ -325,10 +347,10 @@ from labsupport.grading import g05_compile
 _call = g05_compile.Inference.__call__
 
 
-def _slow_when_eager(self):
+def _slow_when_eager(self, *args):
     if self.fn is self.model:
         time.sleep(0.05)
-    return _call(self)
+    return _call(self, *args)
 
 
 g05_compile.Inference.__call__ = _slow_when_eager

@@ -1,7 +1,8 @@
 """Graded checks of 05_compile: the student's ``compile_inference`` and ``break_even_steps``, measured now.
 
 - ``05-compile-speedup``: what ``compile_inference`` returns was really compiled (Dynamo captured
-  a graph on its first call), matches eager within 2%, and is faster where compiling pays. It
+  a graph on its first call), matches eager within 2% on every timed call, each on fresh input
+  (nothing remembered from an earlier call answers it), and is faster where compiling pays. It
   infers in the student's own 03 precision (carried forward).
 - ``05-break-even``: the break-even formula is right on the compile time measured now.
 """
@@ -60,10 +61,17 @@ class Inference:
             hook.remove()
         return len(calls)
 
-    def __call__(self) -> torch.Tensor:
-        """One inference call on the batch: the logits."""
+    def __call__(self, call: int | None = None) -> torch.Tensor:
+        """One inference call: the logits of the batch, or, for timed call number ``call``, of the
+        batch plus noise seeded by that number: fresh input every call, the same on both sides, so
+        no call's answer can be one remembered from an earlier call."""
+        images = self.images
+        if call is not None:
+            noise = torch.Generator(device=self.device).manual_seed(call)
+            images = images + torch.randn(images.shape, generator=noise, device=self.device,
+                                          dtype=images.dtype).contiguous(memory_format=torch.channels_last)
         with torch.no_grad(), self.autocast:
-            return self.fn(self.images)
+            return self.fn(images)
 
 
 class Here:
@@ -116,17 +124,22 @@ def compile_inference(namespace, lab, sides=None):
     graphs = []
     compile_s = measure.one_off_s(lambda: graphs.append(compiled.cold()), lab.device)
     eager_calls = compiled.eager_calls()
-    # Every timed call's logits are kept and compared with eager's after the timing.
-    outputs = []
-    cmp = measure.compare(eager, lambda: outputs.append(compiled()), lab.device, rounds=lab.profile.rounds,
-                          steps_per_round=4 * lab.profile.steps_per_round, focus=sides.focus)
-    sides.focus("baseline")
-    eager_out = eager().float()
+    # Each timed call infers on fresh input (call k: the batch plus noise seeded k, on both sides),
+    # and every timed call's logits are compared with eager's on the same input after the timing.
+    outputs = {"baseline": [], "candidate": []}
+
+    def timed(side, inference):
+        return lambda: outputs[side].append(inference(len(outputs[side])))
+
+    cmp = measure.compare(timed("baseline", eager), timed("candidate", compiled), lab.device,
+                          rounds=lab.profile.rounds, steps_per_round=4 * lab.profile.steps_per_round,
+                          focus=sides.focus)
     sides.focus(None)
-    rel_err = max((_relative_error(out, eager_out) for out in outputs), default=math.inf)
+    pairs = list(zip(outputs["candidate"], outputs["baseline"]))
+    rel_err = max((_relative_error(out, ref.float()) for out, ref in pairs), default=math.inf)
     correct = rel_err <= 0.02
     why = (f"compiled logits differ from eager by {rel_err:.1%} (relative L2, the worst of the "
-           f"{len(outputs)} timed calls; 2% allowed)")
+           f"{len(pairs)} timed calls, each on fresh input; 2% allowed)")
     summary = cmp.summary()
     fast = speed(lab, "05-compile-speedup", cmp.speedup.median, correct=correct, why_incorrect=why,
                  optimised=graphs[0] > 0 and not eager_calls,
@@ -135,7 +148,7 @@ def compile_inference(namespace, lab, sides=None):
                  "what compile_inference returned runs the model eagerly (its layers ran outside the "
                  "compiled graph): compile the model itself and return that")
     fast = dataclasses.replace(fast, note=(fast.note + "; " if fast.note else "") +
-                               f"{cmp}; every timed call's outputs within {rel_err:.2%} of eager; {precision_note}",
+                               f"{cmp}; every timed call (fresh input each) within {rel_err:.2%} of eager; {precision_note}",
                                details={"compile_s": compile_s, "graphs": graphs[0], **summary})
     eager_ms, compiled_ms = summary["baseline_ms"], summary["candidate_ms"]
     cases = [(compile_s, eager_ms, compiled_ms), (20.0, 100.0, 60.0), (30.0, 50.0, 55.0)]

@@ -283,8 +283,8 @@ class RemoteInference:
     def eager_calls(self) -> int:
         return int(self.worker.request("eager_calls")["calls"])
 
-    def __call__(self):
-        (logits,) = self.worker.tensors(self.worker.request("infer"))
+    def __call__(self, call: int | None = None):
+        (logits,) = self.worker.tensors(self.worker.request("infer", call=call))
         return logits
 
 

@@ -156,7 +156,8 @@ class Served:
         from labsupport import measure
         from labsupport.grading import wire
 
-        out = self.inference()
+        call = request.get("call")
+        out = self.inference(None if call is None else int(call))
         measure.sync(self.lab.device)
         return {"tensors": wire.put(self.view, [out.detach().float()])}
 
