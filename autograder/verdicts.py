@@ -70,28 +70,22 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     if dirs.judged.is_dir():  # what earlier judges kept (root's own files): their checks, rungs and code
         shutil.copytree(dirs.judged, inputs / "judged", symlinks=True)
     problems = []
-    for name in [f"code/{number}.py"] + (["traces/01-trace.json"] if number == "01" else []):
+    judged = judging.judges(number, settings["profile"])
+    # What the process takes, from where: the kernel's carried code (and 01's trace); for a judged
+    # notebook, also the earlier notebooks' carried code its student worker runs, as this grader
+    # kept it (root's copy where a judge decided that notebook, else the store its verdict wrote).
+    wanted = [(dirs.results, f"code/{number}.py")] + ([(dirs.results, "traces/01-trace.json")] if number == "01" else [])
+    for earlier in judging.EARLIER_CODE.get(number, ()) if judged else ():
+        name = f"code/{earlier}.py"
+        wanted.append((dirs.judged if (dirs.judged / name).is_file() else dirs.store, name))
+    for source, name in wanted:
         (inputs / name).parent.mkdir(parents=True, exist_ok=True)
         try:
-            boundary.copy_file(dirs.results, name, inputs / name)
+            boundary.copy_file(source, name, inputs / name)
         except FileNotFoundError:
             pass  # never written: the checks say what is missing
         except OSError as err:
-            problems.append(f"the kernel's {name} was not taken: {err}")
-    judged = judging.judges(number, settings["profile"])
-    for earlier in judging.EARLIER_CODE.get(number, ()) if judged else ():
-        # Earlier notebooks' carried code, for the student's worker: as this grader kept it (root's
-        # copy where a judge decided that notebook, else the store its verdict process wrote).
-        name = f"code/{earlier}.py"
-        try:
-            if (dirs.judged / name).is_file():
-                shutil.copyfile(dirs.judged / name, inputs / name)
-            else:
-                boundary.copy_file(dirs.store, name, inputs / name)
-        except FileNotFoundError:
-            pass  # never carried: the checks say what is missing
-        except OSError as err:
-            problems.append(f"{name} was not taken: {err}")
+            problems.append(f"{'the kernel' if source == dirs.results else 'the grader'}'s {name} was not taken: {err}")
     for path in [inputs, *inputs.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     if judged:

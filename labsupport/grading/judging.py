@@ -245,7 +245,8 @@ class Sides:
 
     def break_even(self, cases) -> list[float]:
         """05: the student's ``break_even_steps`` on each case, in their worker."""
-        return self.workers["candidate"].request("call", name="break_even_steps", args=[list(c) for c in cases])["values"]
+        reply = self.workers["candidate"].request("call", name="break_even_steps", args=[list(c) for c in cases])
+        return reply["values"]
 
     def precision(self):
         """05: the student's 03 precision, from their carried ``choose_precision``, in their worker
@@ -253,13 +254,14 @@ class Sides:
         import torch
 
         from . import StudentCodeError
+        from .worker import PRECISIONS
 
         try:
             reply = self.workers["candidate"].request("precision")
         except WorkerError as err:
             raise StudentCodeError(str(err)) from None
         name = reply.get("dtype")
-        if name not in (None, "float16", "bfloat16"):
+        if name is not None and name not in PRECISIONS:
             raise StudentCodeError(f"choose_precision chose dtype {name!r}")
         return (getattr(torch, name) if name else None), bool(reply.get("channels_last"))
 
