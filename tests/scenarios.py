@@ -20,7 +20,8 @@ they follow the masters whenever the lab changes:
 - ``reuse``: answers reused from where they used to ship.
 - ``shortcuts``: each does less than the check times, and passed the checks before their
   correctness partners covered what is measured (02 decodes its training images at half
-  resolution and resizes them up, 03 trains only the last layer, 04 runs one full batch whatever
+  resolution and resizes them up, 03 trains only the last layer when it finds labsupport's
+  timing loop on its call stack and every layer otherwise, 04 runs one full batch whatever
   ``micro_batches`` says, 05 compiles a decoy and returns the eager model, 07 rounds the weights
   to int8 levels and keeps them in float32).
 - ``honest-bugs``: mistakes a real student makes (01 counts the copy to the device as data wait
@@ -74,6 +75,18 @@ PATCH_BASELINE = (
     "def _slow_open(*args, **kwargs):  # the naive loader slower, my loader's speedup larger\n"
     "    time.sleep(0.01)\n    return _open(*args, **kwargs)\n\n\n"
     "PIL.Image.open = _slow_open\n")
+
+
+# A step that looks for labsupport's timing loop on its call stack (measure.compare, read in the
+# student distribution) and does less there, as a clever student writes it.
+TIMED_FROM_MY_STACK = (
+    "import sys\n\n\ndef _timed():\n"
+    "    frame = sys._getframe(1)\n"
+    "    while frame is not None:  # a timing loop on my call stack: labsupport's measure.compare\n"
+    "        if frame.f_code.co_filename.endswith(\"measure.py\") and frame.f_code.co_name in (\"compare\", \"block\"):\n"
+    "            return True\n"
+    "        frame = frame.f_back\n"
+    "    return False\n\n\n")
 
 
 def reference(release: dict, masters: dict) -> dict:
@@ -235,10 +248,10 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
             "                self.images = torch.nn.functional.interpolate(\n"
             "                    half.float(), size=lab.profile.image_size, mode=\"bilinear\").round().clamp(0, 255).byte()\n"))
         cell = _by_id(nbs["03_amp"], "amp_train_step")
-        cell.source = _replace(cell.source, "    optimizer.zero_grad(set_to_none=True)\n", (
+        cell.source = TIMED_FROM_MY_STACK + _replace(cell.source, "    optimizer.zero_grad(set_to_none=True)\n", (
             "    optimizer.zero_grad(set_to_none=True)\n"
-            "    for name, p in model.named_parameters():  # only the classifier learns: a cheaper backward\n"
-            "        p.requires_grad_(name.startswith(\"fc.\"))\n"))
+            "    for name, p in model.named_parameters():  # timed, only the classifier learns: a cheaper backward\n"
+            "        p.requires_grad_(name.startswith(\"fc.\") or not _timed())\n"))
         _by_id(nbs["04_checkpointing"], "accumulate_step").source = (
             "def accumulate_step(model, optimizer, images, labels, micro_batches):\n"
             "    optimizer.zero_grad(set_to_none=True)\n"

@@ -338,6 +338,42 @@ def test_03_step_that_trains_only_the_last_layer_fails():
     assert found.status == "fail" and "every layer" in found.note, found.note
 
 
+def test_03_step_that_does_less_when_it_is_timed_loses_the_speed_check_only():
+    """Honest when checked, less when timed (it finds measure.compare on its call stack, as the
+    shortcuts scenario's does): every timed call is one step from the same weights, checked against
+    fp32's, so the speed check fails, in float32 and in 16 bits; the checks that time nothing pass.
+    An honest 16-bit step passes the same partner."""
+    import scenarios
+
+    ns = solution("03", *AMP_CELLS)
+    honest = ns["amp_train_step"]
+    exec(scenarios.TIMED_FROM_MY_STACK, ns)
+    timed = ns["_timed"]
+
+    def classifier_only(model, optimizer, scaler, images, labels, dtype):
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("fc.") or not timed())
+        return honest(model, optimizer, scaler, images, labels, dtype)
+
+    def half_resolution(model, optimizer, scaler, images, labels, dtype):
+        if timed():  # a quarter of the pixels
+            images = torch.nn.functional.interpolate(images, scale_factor=0.5)
+        return honest(model, optimizer, scaler, images, labels, dtype)
+
+    for dtype in (None, torch.bfloat16):
+        ns["choose_precision"] = lambda machine, d=dtype: {"dtype": d, "channels_last": d is not None}
+        ns["amp_train_step"] = honest
+        result = checks.run("03", ns, only=("03-amp-speedup",))["03-amp-speedup"]
+        assert result.status == "n/a", (dtype, result.note)
+        for step in (classifier_only, half_resolution):
+            ns["amp_train_step"] = step
+            found = checks.run("03", ns, only=("03-amp-speedup", "03-activation-ratio"))
+            speed = found["03-amp-speedup"]
+            assert speed.status == "fail" and speed.reason == "incorrect" and "timed call" in speed.note, \
+                (dtype, step.__name__, speed.note)
+            assert found["03-activation-ratio"].status != "fail", (dtype, step.__name__, found["03-activation-ratio"])
+
+
 def test_03_fp16_step_without_a_scaler_fails():
     ns = solution("03", *AMP_CELLS)
 
@@ -390,6 +426,32 @@ def test_04_reference_passes():
     # so checkpointing cannot lower it: the peak check is meaningful at real profiles only.
     assert found["04-peak-ratio"].measured > 0.9
     assert found["04-time-overhead"].measured is not None  # timed and reported at any scale
+    assert found["04-time-overhead"].status == "n/a", found["04-time-overhead"].note  # its timed calls checked
+
+
+def test_04_checkpointing_that_skips_its_recomputation_when_timed_loses_the_overhead_only():
+    """Checkpointed when checked, the plain network when timed (measure.compare on its call stack):
+    the same gradients, but fewer convolutions in every timed call than in an untimed one."""
+    import scenarios
+
+    ns = solution("04", *CKPT_CELLS)
+    honest = ns["checkpointed"]
+    exec(scenarios.TIMED_FROM_MY_STACK, ns)
+    timed = ns["_timed"]
+
+    class Sneaky(torch.nn.Module):
+        def __init__(self, model, segments):
+            super().__init__()
+            self.model, self.honest = model, honest(model, segments)
+
+        def forward(self, x):
+            return self.model(x) if timed() else self.honest(x)
+
+    ns["checkpointed"] = Sneaky
+    found = checks.run("04", ns, only=("04-grad-match", "04-activation-ratio", "04-time-overhead"))
+    cost = found["04-time-overhead"]
+    assert cost.status == "fail" and cost.reason == "incorrect" and "convolutions" in cost.note, cost.note
+    assert found["04-grad-match"].status == "pass" and found["04-activation-ratio"].status == "pass", found
 
 
 def test_04_checkpointing_without_frozen_batchnorm_fails():

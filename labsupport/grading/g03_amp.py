@@ -1,7 +1,9 @@
 """Graded checks of 03_amp: the student's ``choose_precision`` and ``amp_train_step``, measured now.
 
 - ``03-amp-speedup`` and ``03-activation-ratio``: a mixed-precision step whose first loss matches
-  fp32's and which keeps training is faster than fp32 and saves fewer activation bytes.
+  fp32's and which keeps training is faster than fp32 and saves fewer activation bytes. Every
+  timed call is one step from the same weights, checked against fp32's step from there
+  (:class:`partners.FromOneStart`), so a step that does less when it is timed loses the speed.
 - ``03-accuracy-gap``: after the same short training run its accuracy is within reach of fp32's.
 - ``03-fp16-scaler``: in float16 an overflowing update is skipped by the GradScaler.
 """
@@ -76,9 +78,16 @@ def amp_speed_and_memory(namespace, lab):
     # Partner 2: the step keeps training, with finite weights.
     if correct:
         correct, why = partners.step_trains(amp, amp_x, amp_y, steps=2)
-    cmp = measure.compare(lambda: fp32(ref_x, ref_y), lambda: amp(amp_x, amp_y), lab.device,
+    # Partner 3, on what is timed: every timed call of either side is one step from fp32's weights
+    # after its first step, and each of your calls must train as fp32's does from there.
+    start = {name: value.detach().clone() for name, value in fp32.model.state_dict().items()}
+    timed_fp32 = partners.FromOneStart(fp32, start, ref_x, ref_y, seed=lab.seed)
+    timed_amp = partners.FromOneStart(amp, start, amp_x, amp_y, seed=lab.seed)
+    timed_amp.settle()
+    cmp = measure.compare(timed_fp32, timed_amp, lab.device,
                           rounds=lab.profile.rounds, steps_per_round=lab.profile.steps_per_round)
-    fast = speed(lab, "03-amp-speedup", cmp.speedup.median, correct=correct, why_incorrect=why)
+    timed_ok, timed_why = partners.updates_alike(timed_amp, timed_fp32) if correct else (correct, why)
+    fast = speed(lab, "03-amp-speedup", cmp.speedup.median, correct=timed_ok, why_incorrect=timed_why)
     fast = dataclasses.replace(fast, note=(fast.note + "; " if fast.note else "") + str(cmp) + baseline_precision(lab.device))
     ref_bytes = memory.saved_activation_bytes(lambda: fp32(ref_x, ref_y), fp32.model)
     amp_bytes = memory.saved_activation_bytes(lambda: amp(amp_x, amp_y), amp.model)
