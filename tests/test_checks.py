@@ -630,6 +630,24 @@ def test_06_end_to_end_needs_the_whole_ladder():
     assert found["06-end-to-end"].status == "fail" and "ladder is incomplete" in found["06-end-to-end"].note
 
 
+def test_06_a_carried_step_that_does_less_when_it_is_timed_fails_end_to_end(tmp_path):
+    """03's step, carried into 06's pipeline, trains only the classifier when it finds the timing
+    loop on its stack: three timed calls, chosen after the timing, are trained again by the lab's
+    fp32 step on the batches they kept, and differ. (The reference's pass the same partner: the
+    test above reaches the ladder, the partner after it.)"""
+    import scenarios
+
+    code = tmp_path / "results" / "code" / "03.py"
+    code.write_text(code.read_text() + "\n\n" + scenarios.TIMED_FROM_MY_STACK + (
+        "_honest_step = amp_train_step\n\n\n"
+        "def amp_train_step(model, optimizer, scaler, images, labels, dtype):\n"
+        "    for name, p in model.named_parameters():\n"
+        "        p.requires_grad_(name.startswith(\"fc.\") or not _timed())\n"
+        "    return _honest_step(model, optimizer, scaler, images, labels, dtype)\n"))
+    result = checks.run("06", solution("06", "assemble_ladder"), only=("06-end-to-end",))["06-end-to-end"]
+    assert result.status == "fail" and "timed call (sampled after the timing" in result.note, result.note
+
+
 def test_05_on_a_gpu_older_than_compute_capability_7_compile_is_na_and_not_attempted(monkeypatch):
     """Class cuda (a P100, say): Inductor cannot build GPU kernels there. 05's speed check is n/a
     with the reason, without calling compile_inference, and break_even_steps is still checked."""

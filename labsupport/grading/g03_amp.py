@@ -81,12 +81,13 @@ def amp_speed_and_memory(namespace, lab):
     # Partner 3, on what is timed: every timed call of either side is one step from fp32's weights
     # after its first step, and each of your calls must train as fp32's does from there.
     start = {name: value.detach().clone() for name, value in fp32.model.state_dict().items()}
-    timed_fp32 = partners.FromOneStart(fp32, start, ref_x, ref_y, seed=lab.seed)
-    timed_amp = partners.FromOneStart(amp, start, amp_x, amp_y, seed=lab.seed)
+    timed_fp32 = partners.FromOneStart(fp32, start, (ref_x, ref_y), seed=lab.seed)
+    timed_amp = partners.FromOneStart(amp, start, (amp_x, amp_y), seed=lab.seed)
     timed_amp.settle()
     cmp = measure.compare(timed_fp32, timed_amp, lab.device,
                           rounds=lab.profile.rounds, steps_per_round=lab.profile.steps_per_round)
-    timed_ok, timed_why = partners.updates_alike(timed_amp, timed_fp32) if correct else (correct, why)
+    timed_ok, timed_why = (partners.updates_alike(timed_amp.calls, [c.update for c in timed_fp32.calls],
+                                                  timed_amp.names) if correct else (correct, why))
     fast = speed(lab, "03-amp-speedup", cmp.speedup.median, correct=timed_ok, why_incorrect=timed_why)
     fast = dataclasses.replace(fast, note=(fast.note + "; " if fast.note else "") + str(cmp) + baseline_precision(lab.device))
     ref_bytes = memory.saved_activation_bytes(lambda: fp32(ref_x, ref_y), fp32.model)

@@ -83,17 +83,17 @@ def checkpointing(namespace, lab):
     # each checkpointed call must train as the plain one does from there, running as many
     # convolutions (its recomputation included) as an untimed call of it.
     start = {name: value.detach().clone() for name, value in plain.model.state_dict().items()}
-    timed_plain = partners.FromOneStart(plain, start, small_x, small_y, seed=lab.seed)
-    timed_ckpt = partners.FromOneStart(ckpt, start, small_x, small_y, seed=lab.seed)
+    timed_plain = partners.FromOneStart(plain, start, (small_x, small_y), seed=lab.seed, count_convolutions=True)
+    timed_ckpt = partners.FromOneStart(ckpt, start, (small_x, small_y), seed=lab.seed, count_convolutions=True)
     timed_ckpt()
-    untimed = timed_ckpt.convolutions[-1]
-    timed_ckpt.forget()
+    untimed = timed_ckpt.calls.pop().convolutions
     # More rounds than a speedup check: the overhead is judged against a bar, not just reported.
     cmp = measure.compare(timed_plain, timed_ckpt, lab.device,
                           rounds=max(7, lab.profile.rounds), steps_per_round=lab.profile.steps_per_round)
     overhead = 1 / cmp.speedup.median - 1
-    timed_ok, timed_why = partners.updates_alike(timed_ckpt, timed_plain, "the plain network's step",
-                                                 convolutions=untimed) if not why else (False, why)
+    timed_ok, timed_why = (partners.updates_alike(timed_ckpt.calls, [c.update for c in timed_plain.calls],
+                                                  timed_ckpt.names, baseline="the plain network's step",
+                                                  convolutions=untimed) if not why else (False, why))
     cost = speed(lab, "04-time-overhead", overhead, "lower", correct=timed_ok, why_incorrect=timed_why,
                   note=f"{cmp.summary()['candidate_ms']:.0f} ms vs {cmp.summary()['baseline_ms']:.0f} ms "
                               f"per step ({cmp.speedup.n} paired rounds, speedup IQR {cmp.speedup.q1:.2f}-"

@@ -125,28 +125,45 @@ def composed_step(lab, *, seed: int | None = None) -> tuple[train.TrainStep, obj
 def end_to_end(namespace, lab):
     """The student's composed pipeline, loader included, re-measured against the naive baseline now.
 
-    Its partner: the step sees the baseline's batch size and trains, and every rung was measured
-    on this machine with ``assemble_ladder`` defined (an untouched notebook earns nothing here).
+    Its partners: the step sees the baseline's batch size and trains; three of the timed calls,
+    chosen after the timing, trained as the lab's fp32 step does from the same weights on the
+    batches they were given (every timed call is one step from the same weights); and every rung
+    was measured on this machine with ``assemble_ladder`` defined (an untouched notebook earns
+    nothing here).
     """
     student(namespace, "assemble_ladder", "06")(crafted_results())  # must run: no free points
     lad = report.ladder(machine=lab.machine.as_dict())
     profile = lab.profile
     fast_step, loader, compile_note = composed_step(lab)
     naive_step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
-    naive = train.pipeline_step(pipeline.forever(pipeline.naive_loader(profile, seed=lab.seed)), naive_step)
+    naive_batches = pipeline.forever(pipeline.naive_loader(profile, seed=lab.seed))
     batches = pipeline.forever(loader, timed=True)
-    fast = train.pipeline_step(batches, fast_step, non_blocking=True, item_every_step=False)
     x, y = fast_step.to_device(*next(batches))
     ok, why = partners.step_trains(fast_step, x, y, steps=2)
     if ok and x.shape[0] != profile.batch_size:
         ok, why = False, f"your pipeline's step sees {x.shape[0]} samples, the baseline's {profile.batch_size}"
+    # What is timed is checked: every timed call of either pipeline is one step on its next batch
+    # from the same (fresh) weights; after the timing, three of your timed calls, chosen then, are
+    # trained again by the lab's fp32 step on the batches they kept, and must have trained alike.
+    start = {name: value.detach().clone() for name, value in naive_step.model.state_dict().items()}
+    naive_timed = partners.FromOneStart(naive_step, start, lambda: naive_step.to_device(*next(naive_batches)),
+                                        seed=lab.seed)
+    fast = partners.FromOneStart(fast_step, start, lambda: fast_step.to_device(*next(batches), True),
+                                 seed=lab.seed, keep=True)
+    fast.settle()
+
+    def naive():  # the naive habit: the loss's .item() every step, which waits for the device
+        return naive_timed().item()
+
+    cmp = measure.compare(naive, fast, lab.device, rounds=profile.rounds,
+                          steps_per_round=profile.steps_per_round, warmup=max(1, profile.warmup_steps))
+    if ok:
+        ok, why = partners.trained_as_fp32(fast, lab.device, lab.seed)
     # Last, and said in the details: calibrate measures this check with no ladder of 01-05 to
     # check against, and excuses this partner alone (autograder/calibrate.py's _usable).
     ladder_only = ok and bool(lad.missing)
     if ladder_only:
         ok, why = False, "the ladder is incomplete: " + "; ".join(lad.missing)
-    cmp = measure.compare(naive, fast, lab.device, rounds=profile.rounds,
-                          steps_per_round=profile.steps_per_round, warmup=max(1, profile.warmup_steps))
     result = speed(lab, "06-end-to-end", cmp.speedup.median, correct=ok, why_incorrect=why)
     config = fast_step.config
     what = (f"{config.amp_dtype or 'float32'}, channels_last={config.channels_last}, "

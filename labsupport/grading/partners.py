@@ -6,7 +6,9 @@ of these (Used by: the graded checks of 02, 03, 04 and 06).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import random
 
 import torch
 
@@ -278,25 +280,38 @@ class EpochRecorder:
         return ""
 
 
-class FromOneStart:
-    """A training step whose every call starts from the same weights, on the same batch, and keeps
-    what the call did: its loss, and its update at a fixed sample of every weight tensor.
+@dataclasses.dataclass
+class Call:
+    """What one call of a :class:`FromOneStart` step did (tensors stay on the step's device)."""
 
-    The speed check times this step call by call, the baseline's wrapped the same way, so
-    :func:`updates_alike` can check every timed call, not only the untimed ones before the
+    update: torch.Tensor  # the weights' change at the sampled positions: (weight tensors, SAMPLES)
+    loss: torch.Tensor
+    convolutions: int  # Conv2d forwards run, recomputation included (0 where not counted)
+    batch: tuple | None = None  # (images, labels) it trained on, where the step was told to keep them
+    scale: tuple | None = None  # a float16 GradScaler's scale before and after (a skipped step halves it)
+
+
+class FromOneStart:
+    """A training step whose every call starts from the same weights and keeps what the call did:
+    its loss, and its update at a fixed sample of every weight tensor.
+
+    The speed checks time this step call by call, the baseline's wrapped the same way, so
+    :func:`updates_alike` can check the calls that were timed, not only untimed ones before the
     timing: a step that does less when it is timed (skips backward or some layers, trains on a
-    smaller image) shows in the calls that were timed. Before each call the weights and
-    BatchNorm buffers are put back to ``start`` and SGD's momentum to zero (so an update is the
-    learning rate times this call's gradient). Both sides pay the same small cost on the clock:
-    at 64 px on 2 cores the copy is about 1% of a step. Nothing here synchronises the device.
-    Used by: the 03 and 04 checks.
+    smaller image, skips its recomputation) shows in the timed calls. Before each call the
+    weights and BatchNorm buffers are put back to ``start`` and SGD's momentum to zero, so an
+    update is the learning rate times this call's gradient. ``batch`` is one ``(images,
+    labels)`` for every call (03, 04), or a function giving the next one (06: the student's
+    loader). Both sides pay the same small cost on the clock (at 64 px on 2 cores about 1% of a
+    step); nothing here synchronises the device. Used by: the 03, 04 and 06 checks.
     """
 
     SAMPLES = 16  # per weight tensor, at positions drawn from a seed (the same for both sides)
 
-    def __init__(self, step, start: dict[str, torch.Tensor], images: torch.Tensor, labels: torch.Tensor,
-                 seed: int = 0):
-        self.step, self.images, self.labels = step, images, labels
+    def __init__(self, step, start: dict[str, torch.Tensor], batch, seed: int = 0, keep: bool = False,
+                 count_convolutions: bool = False):
+        self.step, self.start, self.keep = step, start, keep
+        self._batch = batch if callable(batch) else (lambda: batch)
         model = step.model
         tensors = dict(itertools.chain(model.named_parameters(), model.named_buffers()))
         missing = sorted(set(start) - set(tensors))
@@ -312,13 +327,11 @@ class FromOneStart:
                           for size in p.shape)
             self.names.append(name)
             self._sampled.append((p, where, start[name].to(p.device)[where].float()))
-        self.updates: list[torch.Tensor] = []
-        self.losses: list[torch.Tensor] = []
-        # How many convolutions each call ran, forward and recomputed (a counter, no sync): 04's
-        # checkpointed step must recompute in the timed calls as it does untimed.
-        self.convolutions: list[int] = []
+        self.calls: list[Call] = []
         self._convolutions = 0
-        for module in model.modules():
+        # Forward hooks on every Conv2d (04's recomputation runs through them too); not on a step
+        # that may be compiled (06), whose graphs a hook added now would have to be traced again.
+        for module in model.modules() if count_convolutions else ():
             if isinstance(module, torch.nn.Conv2d):
                 module.register_forward_hook(self._count)
 
@@ -333,15 +346,21 @@ class FromOneStart:
                 if state.get("momentum_buffer") is not None:
                     state["momentum_buffer"].zero_()
 
+    def _scale(self):
+        scaler = self.step.scaler  # its scale as a tensor, read without a sync (get_scale() syncs)
+        return scaler._scale.detach().clone() if scaler.is_enabled() and scaler._scale is not None else None
+
     def __call__(self) -> torch.Tensor:
+        images, labels = self._batch()
         self.put_back()
         self._convolutions = 0
-        loss = self.step(self.images, self.labels)
-        self.convolutions.append(self._convolutions)
+        before = self._scale()
+        loss = self.step(images, labels)
         with torch.no_grad():
-            self.updates.append(torch.stack([p.detach()[where].float() - before
-                                             for p, where, before in self._sampled]))
-        self.losses.append(torch.as_tensor(loss).detach())
+            update = torch.stack([p.detach()[where].float() - start for p, where, start in self._sampled])
+        kept = (images.clone() if images.device.type == "cpu" else images, labels.clone()) if self.keep else None
+        self.calls.append(Call(update, torch.as_tensor(loss).detach(), self._convolutions, kept,
+                               None if before is None else (before, self._scale())))
         return loss
 
     def settle(self, most: int = 24) -> None:
@@ -353,58 +372,75 @@ class FromOneStart:
             self()
             if scaler.get_scale() == scale:
                 break
-        self.forget()
-
-    def forget(self) -> None:
-        """Forget the calls so far (those made before the timing)."""
-        self.updates.clear()
-        self.losses.clear()
-        self.convolutions.clear()
+        self.calls.clear()
 
 
-MIN_COSINE = 0.8  # an honest bf16 or fp16 update against fp32's, one step from the same weights: 0.94-1.0
+MIN_COSINE = 0.8  # an honest bf16 or fp16 update against fp32's, one step from the same weights: 0.93-1.0
 UPDATE_RATIO = (0.5, 2.0)  # its size against fp32's: 0.90-1.03 (64 and 32 px, class cpu)
 LAYER_SHARE = 0.1  # each weight tensor's sampled update, at least this share of fp32's
 
 
-def updates_alike(candidate: FromOneStart, baseline: FromOneStart, baseline_name: str = "fp32's step",
-                  convolutions: int | None = None) -> tuple[bool, str]:
-    """True if every call of ``candidate`` trained as ``baseline``'s step trains from the same start:
-    a finite loss, and an update pointing the same way (cosine over the samples), of about the same
-    size, in every weight tensor. Measured at 32 and 64 px on class cpu, one step of the reference's
-    bfloat16 and float16 steps against fp32's: cosine 0.94-1.0, size 0.90-1.03; a step that skips
-    backward, skips every other call or trains on half-resolution images: cosine 0 to 0.39.
-    ``convolutions``: how many convolutions an untimed call of the candidate ran; every timed call
-    must run as many (a checkpointed step that skips its recomputation when timed does not).
+def updates_alike(calls: list[Call], wants: list[torch.Tensor], names: list[str], *, of: str = "timed call",
+                  baseline: str = "fp32's step", convolutions: int | None = None) -> tuple[bool, str]:
+    """True if each call trained as the baseline's step trains from the same start on the same
+    batch (``wants[i]``: its update at the same sampled positions): a finite loss, and an update
+    pointing the same way (cosine over the samples), of about the same size, in every weight
+    tensor. Measured at 32 and 64 px on class cpu, one step of the reference's bfloat16 and
+    float16 steps against fp32's: cosine 0.93-1.0, size 0.90-1.03; a step that skips backward,
+    skips every other call or trains on half-resolution images: cosine 0 to 0.39.
+    ``convolutions``: how many convolutions an untimed call of the step ran; every call must run
+    as many (a checkpointed step that skips its recomputation when timed does not).
     """
-    if not baseline.updates or len(candidate.updates) != len(baseline.updates):
-        return False, (f"the timing called your step {len(candidate.updates)} times and {baseline_name} "
-                       f"{len(baseline.updates)}: nothing to compare")
-    want = baseline.updates[-1]
-    want_flat = want.flatten()
-    for call, (got, loss) in enumerate(zip(candidate.updates, candidate.losses), start=1):
-        what = f"timed call {call} of {len(candidate.updates)}"
-        if not torch.isfinite(loss).all():
-            return False, f"{what} returned a non-finite loss ({float(loss)})"
-        ran = candidate.convolutions[call - 1]
-        if convolutions is not None and ran != convolutions:
-            return False, (f"{what} ran {ran} convolutions (forward and recomputed), an untimed call "
-                           f"{convolutions}: a step must do the same work whenever it is called, timed or not")
-        got_flat = got.flatten()
-        size = float(got_flat.norm() / want_flat.norm())
-        cosine = float(got_flat @ want_flat / (got_flat.norm() * want_flat.norm()).clamp_min(1e-30))
-        # Layers fp32's step moved (at 32 px layer4's 3 x 3 kernels see a 1 x 1 map: only their
+    if not calls or len(calls) != len(wants):
+        return False, f"{len(calls)} calls of your step to compare with {len(wants)} of {baseline}"
+    for number, (call, want) in enumerate(zip(calls, wants), start=1):
+        what = f"{of} {number} of {len(calls)}"
+        if not torch.isfinite(call.loss).all():
+            return False, f"{what} returned a non-finite loss ({float(call.loss)})"
+        if convolutions is not None and call.convolutions != convolutions:
+            return False, (f"{what} ran {call.convolutions} convolutions (forward and recomputed), an "
+                           f"untimed call {convolutions}: a step must do the same work whenever it is called, "
+                           "timed or not")
+        got, want_flat = call.update.flatten(), want.flatten()
+        size = float(got.norm() / want_flat.norm())
+        cosine = float(got @ want_flat / (got.norm() * want_flat.norm()).clamp_min(1e-30))
+        # Layers the baseline moved (at 32 px layer4's 3 x 3 kernels see a 1 x 1 map: only their
         # centre gets a gradient, so most samples there stay put on either side).
         moved = want.norm(dim=1)
         counted = moved > 1e-3 * moved.max()
-        shares = got.norm(dim=1) / moved.clamp_min(1e-30)
-        still = [name for name, share, c in zip(candidate.names, shares.tolist(), counted.tolist())
-                 if c and share < LAYER_SHARE]
+        shares = call.update.norm(dim=1) / moved.clamp_min(1e-30)
+        still = [name for name, share, c in zip(names, shares.tolist(), counted.tolist()) if c and share < LAYER_SHARE]
         if not torch.isfinite(got).all() or cosine < MIN_COSINE or not UPDATE_RATIO[0] <= size <= UPDATE_RATIO[1] \
                 or still:
-            return False, (f"{what} did not train as {baseline_name} does from the same weights on the same "
+            return False, (f"{what} did not train as {baseline} does from the same weights on the same "
                            f"batch: its update's cosine with that step's is {cosine:.2f} (at least {MIN_COSINE} "
                            f"needed), its size {size:.2f} times that step's"
                            + (f", and {len(still)} weight tensors barely moved ({', '.join(still[:3])})" if still else "")
                            + ". A step must do the same work whenever it is called, timed or not")
     return True, ""
+
+
+def trained_as_fp32(timed: FromOneStart, device: torch.device, seed: int, calls: int = 3) -> tuple[bool, str]:
+    """``calls`` of ``timed``'s calls, chosen after the timing, trained again by the lab's fp32 step
+    from the same start on the same batches (``timed`` kept them): each must have trained as that
+    step does (:func:`updates_alike`). Where the timed calls each saw a batch of their own (06's
+    pipeline), no baseline call saw the same batch, so the partner makes its own. A call whose
+    step a float16 GradScaler skipped (its scale fell) is not chosen; more than half skipped fails.
+    """
+    from .. import train
+
+    usable = [i for i, call in enumerate(timed.calls) if call.scale is None or bool(call.scale[1] >= call.scale[0])]
+    if len(usable) < len(timed.calls) / 2:
+        return False, (f"the GradScaler skipped {len(timed.calls) - len(usable)} of your {len(timed.calls)} "
+                       "timed steps (their gradients overflowed)")
+    chosen = sorted(random.SystemRandom().sample(usable, min(calls, len(usable))))
+    fp32 = train.make_step(train.StepConfig(), device, seed=seed)
+    wants = []
+    for i in chosen:
+        images, labels = timed.calls[i].batch
+        again = FromOneStart(fp32, timed.start, (images.float().contiguous(), labels), seed=seed)
+        again()
+        wants.append(again.calls[-1].update)
+    return updates_alike([timed.calls[i] for i in chosen], wants, timed.names,
+                         of=f"timed call (sampled after the timing: {', '.join(str(i + 1) for i in chosen)} of "
+                            f"{len(timed.calls)}),", baseline="the lab's fp32 step")
