@@ -11,7 +11,7 @@ The grading contract in code:
   function and measures it, through a *fresh* copy of labsupport loaded from its source files
   (:func:`fresh`), so a notebook cell that replaced ``ls.measure.compare`` changes nothing.
 - Speed is a paired ratio; memory a ratio of bytes. Thresholds come per device class from
-  ``autograder/thresholds.toml``, overridden by a calibration file measured on the grading
+  ``labsupport/thresholds.toml``, overridden by a calibration file measured on the grading
   machine.
 - Every speed or memory check has a correctness partner; a fast but wrong answer fails.
 - A check that cannot apply on this device class says ``n/a`` and why.
