@@ -138,10 +138,6 @@ def end_to_end(namespace, lab):
     naive_step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
     naive_batches = pipeline.forever(pipeline.naive_loader(profile, seed=lab.seed))
     batches = pipeline.forever(loader, timed=True)
-    x, y = fast_step.to_device(*next(batches))
-    ok, why = partners.step_trains(fast_step, x, y, steps=2)
-    if ok and x.shape[0] != profile.batch_size:
-        ok, why = False, f"your pipeline's step sees {x.shape[0]} samples, the baseline's {profile.batch_size}"
     # What is timed is checked: every timed call of either pipeline is one step on its next batch
     # from the same (fresh) weights; after the timing, three of your timed calls, chosen then, are
     # trained again by the lab's fp32 step on the batches they kept, and must have trained alike.
@@ -150,7 +146,13 @@ def end_to_end(namespace, lab):
                                         seed=lab.seed)
     fast = partners.FromOneStart(fast_step, start, lambda: fast_step.to_device(*next(batches), True),
                                  seed=lab.seed, keep=True)
+    # First, so that a float16 GradScaler has found its scale before the step must train (at 32 px
+    # its initial 65536 overflowed both of the partner's two steps, and an honest step failed).
     fast.settle()
+    x, y = fast_step.to_device(*next(batches))
+    ok, why = partners.step_trains(fast_step, x, y, steps=2)
+    if ok and x.shape[0] != profile.batch_size:
+        ok, why = False, f"your pipeline's step sees {x.shape[0]} samples, the baseline's {profile.batch_size}"
 
     def naive():  # the naive habit: the loss's .item() every step, which waits for the device
         return naive_timed().item()
