@@ -77,13 +77,17 @@ PATCH_BASELINE = (
     "PIL.Image.open = _slow_open\n")
 
 
-# A step that looks for labsupport's timing loop on its call stack (measure.compare, read in the
-# student distribution) and does less there, as a clever student writes it.
+# A step that looks for labsupport's timing on its call stack and does less there, as a clever
+# student writes it after reading the student distribution: measure.compare's loop (in one
+# process), or the call the grader's judge asks a worker for when it times a held step (03's
+# HeldStep.run, the only call of it the checks make).
 TIMED_FROM_MY_STACK = (
     "import sys\n\n\ndef _timed():\n"
     "    frame = sys._getframe(1)\n"
-    "    while frame is not None:  # a timing loop on my call stack: labsupport's measure.compare\n"
-    "        if frame.f_code.co_filename.endswith(\"measure.py\") and frame.f_code.co_name in (\"compare\", \"block\"):\n"
+    "    while frame is not None:  # a timing loop, or a timed call, on my call stack\n"
+    "        where, name = frame.f_code.co_filename, frame.f_code.co_name\n"
+    "        if (where.endswith(\"measure.py\") and name in (\"compare\", \"block\")\n"
+    "                or where.endswith(\"g03_amp.py\") and name == \"run\"):\n"
     "            return True\n"
     "        frame = frame.f_back\n"
     "    return False\n\n\n")

@@ -95,9 +95,9 @@ LOSES = {
     "lib": {"02_data_loading": set(POINTS["02_data_loading"])},
     # Correctness partners that cover what is measured (issue 17): each shortcut fails the check
     # that times it, and only that one. 02's half-resolution training images match no dataset
-    # image at the profile's size; 03's step, timed, leaves 60 of 62 weight tensors unchanged (every
-    # timed call is checked against fp32's step from the same weights; untimed, it trains them all,
-    # so the checks that time nothing keep their points); 04's one full-batch forward shows no micro-batches (its checkpointing
+    # image at the profile's size; 03's step, timed (the judge's timed call on its worker's stack),
+    # leaves 60 of 62 weight tensors unchanged (every timed call is checked against fp32's step from
+    # the same weights; untimed, it trains them all, so the checks that time nothing keep their points); 04's one full-batch forward shows no micro-batches (its checkpointing
     # is the reference's); 05's eager model fires a forward hook in the timed calls (its
     # break_even_steps is right); 07's int8 rounding simulated in float32 stores no int8 weight
     # (its pruning is the reference's).

@@ -366,6 +366,110 @@ g05_compile.Inference.__call__ = _slow_when_eager
     assert speedup["measured"] < 1.5, speedup
 
 
+# 03's helpers as many students write them: a class and a module-level constant beside the graded
+# functions, and the graded step calling them.
+HELPERS_03 = """
+
+LOSS_SCALE_NOTE = "float16 needs the scaler; bfloat16 does not"
+
+
+class _Timer:
+    def __init__(self):
+        self.calls = 0
+
+    def tick(self):
+        self.calls += 1
+
+
+_timer = _Timer()
+_amp_step = amp_train_step
+
+
+def amp_train_step(model, optimizer, scaler, images, labels, dtype):
+    _timer.tick()
+    return _amp_step(model, optimizer, scaler, images, labels, dtype)
+"""
+
+
+def test_03_reference_with_helpers_is_judged_correct_in_its_worker(tmp_path, tiny_data, reference_code):
+    """03 decided by the judge: the reference's step with a helper class and a constant beside it,
+    run in its worker; every check as the self-check gives it, and the rung (their 02 loader
+    feeding their 03 step, in their worker) timed from the judge."""
+    verdict = judge(tmp_path, tiny_data, reference_code["03"] + HELPERS_03, notebook="03",
+                    earlier={"02": reference_code["02"]})
+    assert verdict["judge"] and not verdict["problems"], verdict
+    assert statuses(verdict) == {"03-amp-speedup": "n/a", "03-activation-ratio": "n/a",
+                                 "03-accuracy-gap": "n/a", "03-fp16-scaler": "pass"}, verdict["checks"]
+    assert verdict["rung"] > 0, verdict
+
+
+def test_03_a_step_that_does_less_when_the_judge_times_it_loses_the_speed_check_only(tmp_path, tiny_data,
+                                                                                      reference_code):
+    """A step that finds the judge's timed call on its worker's stack (the shortcuts scenario's) and
+    trains only the classifier there; and one that is honest for its first calls, then does less
+    (as a step that counts its calls does). Each timed call's update is read at positions the judge
+    draws after the call returned, so both fail the speed check as incorrect, and nothing else."""
+    import scenarios
+
+    counted = reference_code["03"] + """
+
+_honest = amp_train_step
+
+
+def amp_train_step(model, optimizer, scaler, images, labels, dtype):
+    model._calls = getattr(model, "_calls", 0) + 1
+    if model._calls > 3:  # past the checks' first calls: only the classifier learns
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("fc."))
+    return _honest(model, optimizer, scaler, images, labels, dtype)
+"""
+    stacked = scenarios.TIMED_FROM_MY_STACK + reference_code["03"] + """
+
+_honest = amp_train_step
+
+
+def amp_train_step(model, optimizer, scaler, images, labels, dtype):
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("fc.") or not _timed())
+    return _honest(model, optimizer, scaler, images, labels, dtype)
+"""
+    for name, code in (("counted", counted), ("stacked", stacked)):
+        folder = tmp_path / name
+        folder.mkdir()
+        verdict = judge(folder, tiny_data, code, notebook="03")
+        speed = verdict["checks"]["03-amp-speedup"]
+        assert speed["status"] == "fail" and speed["reason"] == "incorrect" and "timed call" in speed["note"], \
+            (name, speed)
+        assert statuses(verdict) == {"03-amp-speedup": "fail", "03-activation-ratio": "n/a",
+                                     "03-accuracy-gap": "n/a", "03-fp16-scaler": "pass"}, (name, verdict["checks"])
+
+
+def test_03_code_that_slows_the_fp32_baseline_when_loaded_slows_nothing(tmp_path, tiny_data, reference_code):
+    """Carried code that, as it loads, makes the lab's own fp32 update sleep: in one process it
+    slowed the baseline it is compared with. The baseline's worker never loads it, so the step
+    measures as what it is: the reference's step against fp32's, about 1x on class cpu, where both
+    train in float32 (the same code in one process measured 2.3x at this profile)."""
+    code = reference_code["03"] + """
+
+import time
+
+from labsupport import train
+
+_fp32 = train.TrainStep.__call__
+
+
+def _slow_fp32(self, images, labels, clock=None):
+    if self.update is None:
+        time.sleep(0.2)
+    return _fp32(self, images, labels, clock)
+
+
+train.TrainStep.__call__ = _slow_fp32
+"""
+    verdict = judge(tmp_path, tiny_data, code, notebook="03")  # measured at any profile (n/a at tiny)
+    assert verdict["checks"]["03-amp-speedup"]["measured"] < 1.5, verdict["checks"]["03-amp-speedup"]
+
+
 def test_the_wire_round_trips_tensors_and_refuses_what_lies_outside_its_buffer():
     fd, mapped = wire.buffer(4096)
     view = memoryview(mapped)

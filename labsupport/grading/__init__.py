@@ -310,13 +310,16 @@ def speed(lab: hardware.Lab, check: str, measured: float | None, better: str = "
     return judge(check, measured, lab.machine.as_dict(), **partner)
 
 
-def one_batch(lab: hardware.Lab, batch_size: int | None = None, image_size: int | None = None, seed: int = 0):
-    """The naive loader's first batch at the profile's (or the given) size: ``(images, labels)`` on the CPU."""
+def one_batch(lab: hardware.Lab, batch_size: int | None = None, image_size: int | None = None, seed: int = 0,
+              augment: bool = True):
+    """The naive loader's first batch at the profile's (or the given) size: ``(images, labels)`` on the
+    CPU. Without ``augment`` it is the same batch in every process (augmentation draws from torch's
+    global generator)."""
     import dataclasses
 
     profile = dataclasses.replace(lab.profile, batch_size=batch_size or lab.profile.batch_size,
                                   image_size=image_size or lab.profile.image_size)
-    return next(iter(pipeline.naive_loader(profile, seed=seed)))
+    return next(iter(pipeline.naive_loader(profile, seed=seed, augment=augment)))
 
 
 def process_start_s() -> float | None:

@@ -6,12 +6,19 @@
   (:class:`partners.FromOneStart`), so a step that does less when it is timed loses the speed.
 - ``03-accuracy-gap``: after the same short training run its accuracy is within reach of fp32's.
 - ``03-fp16-scaler``: in float16 an overflowing update is skipped by the GradScaler.
+
+Each check is written once, against ``sides``: :class:`Here` holds both steps in this process
+(the notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which holds
+the student's step in a worker of its own and fp32's in another, and gets back only numbers and
+tensors (:class:`HeldStep`'s answers), so that it decides without running the student's code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import random
 from collections.abc import Callable
 
 import torch
@@ -60,64 +67,192 @@ def baseline_precision(device: torch.device) -> str:
             "(fp32_precision)")
 
 
+class HeldStep:
+    """A training step and its batch, held where the step runs; what a check may ask of it.
+
+    In the notebook's self-check it lives in the same process as the check (:class:`Here`); in the
+    grader it lives in a worker (:mod:`.worker`) and the judge asks for each method by name,
+    getting back numbers and tensors only (:data:`ASKED`).
+    """
+
+    ASKED = ("call", "weights", "names", "mark", "settle", "run", "update_at", "saved_bytes", "parity", "state")
+
+    def __init__(self, step: train.TrainStep, batch):
+        self.step = step
+        self.images, self.labels = step.to_device(*batch)
+        self.timed: partners.FromOneStart | None = None
+
+    def call(self, scale: float = 1.0) -> float:
+        """One step on the batch (its images times ``scale``) from the current weights: its loss."""
+        return float(self.step(self.images * scale if scale != 1.0 else self.images, self.labels))
+
+    def weights(self) -> list[torch.Tensor]:
+        """Every parameter, in the model's order, as float32 copies on the CPU."""
+        return [p.detach().to("cpu", torch.float32, copy=True) for p in self.step.model.parameters()]
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.step.model.named_parameters()]
+
+    def mark(self) -> None:
+        """From now on, :meth:`run` starts every call from the weights as they are now."""
+        start = {name: value.detach().clone() for name, value in self.step.model.state_dict().items()}
+        self.timed = partners.FromOneStart(self.step, start, (self.images, self.labels))
+
+    def settle(self) -> None:
+        self.timed.settle()
+
+    def run(self) -> torch.Tensor:
+        """One timed call: a step from the marked weights (its loss, left on the device)."""
+        return self.timed.run()
+
+    def update_at(self, seed: int) -> torch.Tensor:
+        """That call's update at positions drawn from ``seed`` (chosen after the call returned)."""
+        return self.timed.update_at(seed)
+
+    def saved_bytes(self) -> int:
+        """Activation bytes autograd saves for backward in one forward of the step."""
+        return memory.saved_activation_bytes(lambda: self.step(self.images, self.labels), self.step.model)
+
+    def parity(self, steps: int, batch_size: int, size: int, seed: int) -> None:
+        """Train for the accuracy check (:func:`train.parity_run`, without its validation)."""
+        xt, yt = pipeline.decode_once("train", size=size, progress=False)
+        train.parity_run(self.step, pipeline.normalize(xt), yt, None, None, steps=steps, batch_size=batch_size,
+                         seed=seed, validate=False)
+
+    def state(self) -> list[torch.Tensor]:
+        """The model's state (parameters and BatchNorm buffers, in ``state_dict`` order), on the CPU."""
+        return [value.detach().cpu() for value in self.step.model.state_dict().values()]
+
+
+class Here:
+    """Both steps in this process (the notebook's self-check); the judge passes its own ``sides``."""
+
+    def __init__(self, namespace: dict, lab):
+        self.namespace, self.lab = namespace, lab
+
+    def precision(self) -> tuple[torch.dtype | None, bool]:
+        return precision(student(self.namespace, "choose_precision", "03"), self.lab.machine)
+
+    def held_step(self, side: str, *, dtype: str | None = "chosen", init_scale: float | None = None,
+                  batch_size: int | None = None, image_size: int | None = None) -> HeldStep:
+        """fp32's step (``side="baseline"``) or the student's (``"candidate"``: in their chosen
+        precision, or in ``dtype``), a fresh seeded model each, on the naive loader's first batch."""
+        lab = self.lab
+        batch = one_batch(lab, batch_size, image_size, augment=False)  # the same in each worker
+        if side == "baseline":
+            return HeldStep(train.make_step(train.StepConfig(), lab.device, seed=lab.seed), batch)
+        chosen, channels_last = self.precision() if dtype == "chosen" else (
+            None if dtype is None else getattr(torch, dtype), False)
+        step = amp_step(student(self.namespace, "amp_train_step", "03"), chosen, channels_last, lab.device,
+                        seed=lab.seed, init_scale=init_scale)
+        return HeldStep(step, batch)
+
+    def focus(self, side: str | None) -> None:
+        pass
+
+    def checking(self):
+        return contextlib.nullcontext()
+
+
+def timed_calls(held, draws: list[int]) -> tuple[Callable[[], object], list[partners.Call]]:
+    """A call for the clock (a step from the marked weights, then its update at positions drawn only
+    now) and the list of what each call did. Call *i* of either side reads ``draws[i]``."""
+    calls: list[partners.Call] = []
+
+    def call():
+        loss = held.run()
+        if len(draws) <= len(calls):
+            draws.append(random.SystemRandom().getrandbits(62))
+        calls.append(partners.Call(held.update_at(seed=draws[len(calls)]), torch.as_tensor(loss), 0))
+        return loss
+    return call, calls
+
+
+def trains(held, steps: int) -> tuple[bool, str]:
+    """:func:`partners.step_trains` on a held step: ``steps`` calls, then every weight moved, all finite."""
+    before = held.weights()
+    for i in range(steps):
+        loss = held.call()
+        if not math.isfinite(loss):
+            return False, f"step {i} returned a non-finite loss ({loss})"
+    return partners.weights_trained(before, held.weights(), held.names(), steps)
+
+
 @register("03-amp-speedup", "03-activation-ratio")
-def amp_speed_and_memory(namespace, lab):
+def amp_speed_and_memory(namespace, lab, sides=None):
     """A mixed-precision step that trains is faster than fp32 and saves fewer activation bytes."""
-    fn = student(namespace, "amp_train_step", "03")
-    dtype, channels_last = precision(student(namespace, "choose_precision", "03"), lab.machine)
-    images, labels = one_batch(lab)
-    fp32 = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
-    amp = amp_step(fn, dtype, channels_last, lab.device, seed=lab.seed)
-    ref_x, ref_y = fp32.to_device(images, labels)
-    amp_x, amp_y = amp.to_device(images, labels)
+    student(namespace, "amp_train_step", "03")
+    sides = sides or Here(namespace, lab)
+    fp32, amp = sides.held_step("baseline"), sides.held_step("candidate")
     # Partner 1: the first step's loss matches fp32's (same weights, same batch).
-    ref_loss, amp_loss = float(fp32(ref_x, ref_y)), float(amp(amp_x, amp_y))
+    ref_loss, amp_loss = fp32.call(), amp.call()
     correct, why = True, ""
     if not math.isfinite(amp_loss) or abs(amp_loss - ref_loss) > 0.02 * abs(ref_loss) + 0.02:
         correct, why = False, f"first-step loss {amp_loss:.4f}, fp32 gives {ref_loss:.4f}"
     # Partner 2: the step keeps training, with finite weights.
     if correct:
-        correct, why = partners.step_trains(amp, amp_x, amp_y, steps=2)
-    # Partner 3, on what is timed: every timed call of either side is one step from fp32's weights
-    # after its first step, and each of your calls must train as fp32's does from there.
-    start = {name: value.detach().clone() for name, value in fp32.model.state_dict().items()}
-    timed_fp32 = partners.FromOneStart(fp32, start, (ref_x, ref_y), seed=lab.seed)
-    timed_amp = partners.FromOneStart(amp, start, (amp_x, amp_y), seed=lab.seed)
+        correct, why = trains(amp, steps=2)
+    # Partner 3, on what is timed: every timed call of either side is one step from the same
+    # seeded weights, and each of your calls must train as fp32's does from there, read at
+    # positions drawn after the call returned, on the clock.
+    timed_fp32, timed_amp = sides.held_step("baseline"), sides.held_step("candidate")
+    for held in (timed_fp32, timed_amp):
+        held.mark()
     timed_amp.settle()
-    cmp = measure.compare(timed_fp32, timed_amp, lab.device,
-                          rounds=lab.profile.rounds, steps_per_round=lab.profile.steps_per_round)
-    timed_ok, timed_why = (partners.updates_alike(timed_amp.calls, [c.update for c in timed_fp32.calls],
-                                                  timed_amp.names) if correct else (correct, why))
+    draws: list[int] = []
+    (time_fp32, fp32_calls), (time_amp, amp_calls) = timed_calls(timed_fp32, draws), timed_calls(timed_amp, draws)
+    with sides.checking():
+        cmp = measure.compare(time_fp32, time_amp, lab.device, rounds=lab.profile.rounds,
+                              steps_per_round=lab.profile.steps_per_round, focus=sides.focus)
+    sides.focus(None)
+    timed_ok, timed_why = (partners.updates_alike(amp_calls, [c.update for c in fp32_calls], amp.names())
+                           if correct else (correct, why))
     fast = speed(lab, "03-amp-speedup", cmp.speedup.median, correct=timed_ok, why_incorrect=timed_why)
     fast = dataclasses.replace(fast, note=(fast.note + "; " if fast.note else "") + str(cmp) + baseline_precision(lab.device))
-    ref_bytes = memory.saved_activation_bytes(lambda: fp32(ref_x, ref_y), fp32.model)
-    amp_bytes = memory.saved_activation_bytes(lambda: amp(amp_x, amp_y), amp.model)
+    ref_bytes, amp_bytes = fp32.saved_bytes(), amp.saved_bytes()
     mem = judge("03-activation-ratio", amp_bytes / ref_bytes, lab.machine.as_dict(),
                         correct=correct, why_incorrect=why,
                         note=f"{amp_bytes / 2**20:.0f} MiB saved for backward vs {ref_bytes / 2**20:.0f} MiB in fp32")
     return [fast, mem]
 
 
+def _evaluated_only(*args, **kwargs):
+    raise RuntimeError("the judge's copy of a step only evaluates; it never trains")
+
+
 @register("03-accuracy-gap")
-def amp_accuracy(namespace, lab):
+def amp_accuracy(namespace, lab, sides=None):
     """After the same short training run, mixed precision's accuracy is within tolerance of fp32's."""
-    fn = student(namespace, "amp_train_step", "03")
-    dtype, channels_last = precision(student(namespace, "choose_precision", "03"), lab.machine)
+    student(namespace, "amp_train_step", "03")
+    sides = sides or Here(namespace, lab)
     size = min(train.PARITY_IMAGE_SIZE, lab.profile.image_size)
-    (xt, yt), (xv, yv) = ((pipeline.normalize(x), y) for x, y in
-                          (pipeline.decode_once(s, size=size, progress=False) for s in ("train", "val")))
     if not lab.profile.grades_speed:  # the test profile: too brief to compare accuracy, so no training
-        step = amp_step(fn, dtype, channels_last, lab.device, seed=lab.seed)  # runs; the step must train
-        ok, why = partners.step_trains(step, *step.to_device(xt[:train.PARITY_BATCH_SIZE], yt[:train.PARITY_BATCH_SIZE]), steps=2)
+        held = sides.held_step("candidate", image_size=size)
+        ok, why = trains(held, steps=2)  # runs; the step must train
         return [CheckResult("03-accuracy-gap", None, None, "lower", lab.machine.device_class,
                             "n/a" if ok else "fail",
                             f"profile {lab.profile.name} trains too briefly to compare accuracy; your step "
                             "trains every layer" if ok else f"correctness check failed: {why}", {},
                             "n/a" if ok else "incorrect")]
+    dtype, channels_last = sides.precision()
     steps = train.PARITY_STEPS
-    kw = dict(steps=steps, batch_size=train.PARITY_BATCH_SIZE, seed=lab.seed)
-    fp32_acc = train.parity_run(train.make_step(train.StepConfig(), lab.device, seed=lab.seed), xt, yt, xv, yv, **kw)
-    amp_acc = train.parity_run(amp_step(fn, dtype, channels_last, lab.device, seed=lab.seed), xt, yt, xv, yv, **kw)
+    # Each side trains where it runs; the weights come back here and are evaluated by the lab's own
+    # model in the step's precision, on the validation split decoded here.
+    (xv, yv) = pipeline.decode_once("val", size=size, progress=False)
+    batches = list(zip(pipeline.normalize(xv).split(256), yv.split(256)))
+    accuracies = []
+    for side, config in (("baseline", train.StepConfig()),
+                         ("candidate", train.StepConfig(amp_dtype=None if dtype is None else str(dtype).removeprefix("torch."),
+                                                        channels_last=channels_last))):
+        held = sides.held_step(side)
+        sides.focus(side)
+        held.parity(steps=steps, batch_size=train.PARITY_BATCH_SIZE, size=size, seed=lab.seed)
+        state = held.state()
+        sides.focus(None)
+        judged = train.make_step(config, lab.device, seed=lab.seed, update=_evaluated_only if config.amp_dtype else None)
+        judged.model.load_state_dict(dict(zip(judged.model.state_dict(), state)))
+        accuracies.append(train.evaluate(judged, batches))
+    fp32_acc, amp_acc = accuracies
     gap = 100 * (fp32_acc - amp_acc)
     note = f"fp32 {100 * fp32_acc:.1f}%, yours {100 * amp_acc:.1f}% after {steps} steps at {size} px"
     details = {"accuracy_fp32": fp32_acc, "accuracy": amp_acc, "steps": steps, "image_size": size}
@@ -125,26 +260,23 @@ def amp_accuracy(namespace, lab):
 
 
 @register("03-fp16-scaler")
-def fp16_scaler(namespace, lab):
+def fp16_scaler(namespace, lab, sides=None):
     """In float16, amp_train_step uses the GradScaler: an overflowing step is skipped, not applied."""
-    fn = student(namespace, "amp_train_step", "03")
+    student(namespace, "amp_train_step", "03")
+    sides = sides or Here(namespace, lab)
     # A modest initial scale, so that the normal steps after the overflow train at once instead
     # of first halving the scale down from 65536 (an untrained ResNet's gradients overflow there).
-    step = amp_step(fn, torch.float16, False, lab.device, seed=lab.seed, init_scale=2.0 ** 8)
-    images, labels = one_batch(lab, batch_size=4, image_size=32)
-    images, labels = step.to_device(images, labels)
+    held = sides.held_step("candidate", dtype="float16", init_scale=2.0 ** 8, batch_size=4, image_size=32)
     # 1e6 does not fit in float16 (max 65504): the forward overflows, the loss is not finite, and
     # a correct step lets the scaler skip optimizer.step(), leaving the weights untouched.
-    before = [p.detach().clone() for p in step.model.parameters()]
-    step(images * 1e6, labels)
-    params = list(step.model.parameters())
-    if not all(torch.isfinite(p).all() for p in params):
+    before = held.weights()
+    held.call(scale=1e6)
+    after = held.weights()
+    if not all(torch.isfinite(p).all() for p in after):
         ok, why = False, "an overflowing float16 step wrote inf/NaN into the weights: step through scaler.step(optimizer)"
-    elif not all(torch.equal(p, b) for p, b in zip(params, before)):
+    elif not all(torch.equal(p, b) for p, b in zip(after, before)):
         ok, why = False, "an overflowing float16 step changed the weights: the scaler should have skipped it"
     else:
-        ok, why = partners.step_trains(step, images, labels, steps=5)
+        ok, why = trains(held, steps=5)
     return [judge("03-fp16-scaler", float(ok), lab.machine.as_dict(), correct=ok, why_incorrect=why,
                           note="" if ok else why)]
-
-

@@ -38,20 +38,25 @@ import threading
 import time
 from pathlib import Path
 
-NOTEBOOKS = ("02", "05")  # decided here; the rest by the verdict process (grading/verdict.py) for now
+NOTEBOOKS = ("02", "03", "05")  # decided here; the rest by the verdict process (grading/verdict.py) for now
 # The student's functions each judged notebook calls, by name: the judge asks its worker for them.
-GRADED = {"02": ("make_fast_loader",), "05": ("compile_inference", "break_even_steps")}
-# Earlier notebooks' carried code a judged notebook's worker loads beside its own (05: its rung is
-# the student's 03 step, compiled, fed by their 02 loader, and it infers in their 03 precision).
-EARLIER_CODE = {"02": (), "05": ("02", "03")}
+GRADED = {"02": ("make_fast_loader",), "03": ("amp_train_step", "choose_precision"),
+          "05": ("compile_inference", "break_even_steps")}
+# Earlier notebooks' carried code a judged notebook's worker loads beside its own (03 and 05: the
+# rung is the student's 03 step, for 05 compiled, fed by their 02 loader; 05 infers in their 03
+# precision).
+EARLIER_CODE = {"02": (), "03": ("02",), "05": ("02", "03")}
 
 
 def judges(number: str, profile: str) -> bool:
-    """Whether the judge decides notebook ``number`` under ``profile``: 05 everywhere (only logits
-    cross; its judge's tests passed on an H200), 02 off CUDA: on a GPU its batches would cross to
+    """Whether the judge decides notebook ``number`` under ``profile``: 03 and 05 everywhere (only
+    losses, sampled updates, weights and logits cross; 05's judge's tests passed on an H200, 03's
+    have not run on a GPU), 02 off CUDA: on a GPU its batches would cross to
     the judge through host memory (the lab's largest, 157 MB at 160 px), which no loader pays in a
     notebook; sharing them through CUDA IPC instead is not yet built."""
     return number in NOTEBOOKS and (number != "02" or not profile.startswith("cuda"))
+
+
 LOG_CHARS = 2000  # of a worker's own output, kept for a failure's message
 # One reply at most (building a loader decodes the split: 6 s at 64 px on 2 cores; a batch takes
 # milliseconds). Past it the student's code has hung, and the check fails saying so.
@@ -265,6 +270,17 @@ class Sides:
             raise StudentCodeError(f"choose_precision chose dtype {name!r}")
         return (getattr(torch, name) if name else None), bool(reply.get("channels_last"))
 
+    def held_step(self, side: str, **config) -> RemoteHeld:
+        """03: a training step on one batch, held in ``side``'s worker: fp32's for the baseline, the
+        student's ``amp_train_step`` for the candidate (:class:`~.g03_amp.Here`'s arguments)."""
+        was = self.side
+        self.focus(side)
+        try:
+            reply = self.workers[side].request("held_step", **config)
+        finally:
+            self.focus(was)
+        return RemoteHeld(self.workers[side], int(reply["handle"]))
+
     def inference(self, side: str, dtype) -> RemoteInference:
         """05: the model on one batch in ``dtype``, in ``side``'s worker: eager for the baseline,
         as the student's ``compile_inference`` returned it for the candidate."""
@@ -290,6 +306,28 @@ class RemoteInference:
         return logits
 
 
+class RemoteHeld:
+    """03's :class:`~labsupport.grading.g03_amp.HeldStep`, held in a worker: each method is a
+    request, and what it returns comes back as a number or as plain tensors."""
+
+    def __init__(self, worker: Worker, handle: int):
+        self.worker, self.handle = worker, handle
+
+    def __getattr__(self, method: str):
+        from .g03_amp import HeldStep
+
+        if method not in HeldStep.ASKED:
+            raise AttributeError(method)
+
+        def ask(**args):
+            reply = self.worker.request("held", handle=self.handle, method=method, args=args)
+            if "tensors" not in reply:
+                return reply.get("value")
+            tensors = self.worker.tensors(reply)
+            return tensors[0] if reply.get("one") else tensors
+        return ask
+
+
 def _stand_in(name: str):
     """What the judge's namespace holds for the student's function ``name``: the checks run it
     only through :class:`Sides`, in the worker; called here, it refuses."""
@@ -298,25 +336,32 @@ def _stand_in(name: str):
     return refuse
 
 
-def buffer_bytes(profile) -> int:
-    """The shared buffer a worker's batch crosses: twice a float32 batch of the profile, 1 MiB more."""
-    return 2 * profile.batch_size * 3 * profile.image_size ** 2 * 4 + 2**20
+# 03's weights and BatchNorm buffers cross whole (ResNet-18's 11.2 M float32 parameters: 45 MB).
+MODEL_BYTES = 48 * 2**20
+
+
+def buffer_bytes(profile, number: str = "") -> int:
+    """The shared buffer a worker's batch crosses: twice a float32 batch of the profile, 1 MiB more;
+    for 03, at least a model's state."""
+    batch = 2 * profile.batch_size * 3 * profile.image_size ** 2 * 4 + 2**20
+    return max(batch, MODEL_BYTES + 2**20) if number == "03" else batch
 
 
 def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> dict | None:
     """Notebook ``number``'s rung: 02's in the judge (the student's loader, in their worker,
-    feeding the judge's own fp32 step); 05's whole step in their worker, timed from here."""
+    feeding the judge's own fp32 step); 03's and 05's whole step in their worker, timed from here."""
     from labsupport import train
 
     from . import rungs
 
-    if number != "05":
+    if number not in ("03", "05"):
         return rungs.measure(number, namespace, lab, found)
     config = student.request("rung")["config"]
+    compiled = number == "05"
     try:  # what the worker says its step is: a description only (the timing is the judge's)
-        config = train.StepConfig(**{k: v for k, v in config.items() if k != "compiled"}, compiled=True)
+        config = train.StepConfig(**{k: v for k, v in config.items() if k != "compiled"}, compiled=compiled)
     except TypeError:
-        config = train.StepConfig(compiled=True)
+        config = train.StepConfig(compiled=compiled)
     return rungs.measure_timed(number, lambda: student.request("rung_step"), config, lab, found)
 
 
@@ -342,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copyfile(code, judged / "code" / code.name)
     worker_spec = {"notebook": number, "profile": spec["profile"], "data": spec["data"],
                    "inputs": spec["inputs"]}
-    kw = dict(prefix=list(spec.get("sandbox") or []), env=dict(spec["env"]), buffer_bytes=buffer_bytes(lab.profile),
+    kw = dict(prefix=list(spec.get("sandbox") or []), env=dict(spec["env"]), buffer_bytes=buffer_bytes(lab.profile, number),
               reply_timeout_s=float(spec.get("reply_timeout_s") or REPLY_TIMEOUT_S))
     with Worker("student", worker_spec, **kw) as student, Worker("baseline", worker_spec, **kw) as baseline:
         sides = Sides(student, baseline)

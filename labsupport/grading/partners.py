@@ -69,14 +69,22 @@ def step_trains(step, images, labels, steps: int = 3) -> tuple[bool, str]:
         loss = step(images, labels)
         if not torch.isfinite(torch.as_tensor(loss)).all():
             return False, f"step {i} returned a non-finite loss ({float(loss)})"
-    if not all(torch.isfinite(p).all() for p in params):
+    return weights_trained(before, params, [n for n, _ in step.model.named_parameters()], steps)
+
+
+def weights_trained(before: list[torch.Tensor], after: list[torch.Tensor], names: list[str],
+                    steps: int) -> tuple[bool, str]:
+    """True if every weight tensor changed between ``before`` and ``after`` (``steps`` steps apart),
+    and all are finite: :func:`step_trains`'s verdict, also on weights a worker sent back."""
+    if len(before) != len(after) or any(b.shape != a.shape for b, a in zip(before, after)):
+        return False, "the weights after the steps are not the model's weights"
+    if not all(torch.isfinite(p).all() for p in after):
         return False, "inf/NaN values were written into the weights (fp16 without a GradScaler?)"
-    if all(torch.equal(p, b) for p, b in zip(params, before)):
+    if all(torch.equal(p, b) for p, b in zip(after, before)):
         return False, f"the weights did not change in {steps} steps: is backward or optimizer.step() skipped?"
-    names = {id(p): n for n, p in step.model.named_parameters()}
-    frozen = [names.get(id(p), "?") for p, b in zip(params, before) if torch.equal(p, b)]
+    frozen = [name for name, p, b in zip(names, after, before) if torch.equal(p, b)]
     if frozen:
-        return False, (f"{len(frozen)} of {len(params)} weight tensors did not change in {steps} steps "
+        return False, (f"{len(frozen)} of {len(after)} weight tensors did not change in {steps} steps "
                        f"({', '.join(frozen[:3])}...): the step must update every layer of the model")
     return True, ""
 
@@ -284,16 +292,17 @@ class EpochRecorder:
 class Call:
     """What one call of a :class:`FromOneStart` step did (tensors stay on the step's device)."""
 
-    update: torch.Tensor  # the weights' change at the sampled positions: (weight tensors, SAMPLES)
+    update: torch.Tensor | None  # the weights' change at the sampled positions: (weight tensors, SAMPLES)
     loss: torch.Tensor
     convolutions: int  # Conv2d forwards run, recomputation included (0 where not counted)
     batch: tuple | None = None  # (images, labels) it trained on, where the step was told to keep them
     scale: tuple | None = None  # a float16 GradScaler's scale before and after (a skipped step halves it)
+    where: int = 0  # the seed its sampled positions were drawn from
 
 
 class FromOneStart:
     """A training step whose every call starts from the same weights and keeps what the call did:
-    its loss, and its update at a fixed sample of every weight tensor.
+    its loss, and its update at a sample of every weight tensor.
 
     The speed checks time this step call by call, the baseline's wrapped the same way, so
     :func:`updates_alike` can check the calls that were timed, not only untimed ones before the
@@ -304,13 +313,18 @@ class FromOneStart:
     labels)`` for every call (03, 04), or a function giving the next one (06: the student's
     loader). Both sides pay the same small cost on the clock (at 64 px on 2 cores about 1% of a
     step); nothing here synchronises the device. Used by: the 03, 04 and 06 checks.
+
+    Calling it runs one step (:meth:`run`) and samples its update at positions drawn from ``seed``
+    and the call's number, the same for both sides. The grader's judge calls the two halves
+    apart, across a worker's channel, and draws each call's positions only after its step
+    returned, so that no step can know in advance which of its numbers are read.
     """
 
-    SAMPLES = 16  # per weight tensor, at positions drawn from a seed (the same for both sides)
+    SAMPLES = 16  # per weight tensor
 
     def __init__(self, step, start: dict[str, torch.Tensor], batch, seed: int = 0, keep: bool = False,
                  count_convolutions: bool = False):
-        self.step, self.start, self.keep = step, start, keep
+        self.step, self.start, self.keep, self.seed = step, start, keep, seed
         self._batch = batch if callable(batch) else (lambda: batch)
         model = step.model
         tensors = dict(itertools.chain(model.named_parameters(), model.named_buffers()))
@@ -320,13 +334,9 @@ class FromOneStart:
         with torch.no_grad():  # the start, in each tensor's own layout (channels_last stays so)
             self._put_back = [(tensors[name], torch.empty_like(tensors[name]).copy_(value))
                               for name, value in start.items()]
-        generator = torch.Generator().manual_seed(seed)
-        self.names, self._sampled = [], []
-        for name, p in model.named_parameters():
-            where = tuple(torch.randint(0, size, (self.SAMPLES,), generator=generator).to(p.device)
-                          for size in p.shape)
-            self.names.append(name)
-            self._sampled.append((p, where, start[name].to(p.device)[where].float()))
+        starts = {name: value for name, (_, value) in zip(start, self._put_back)}
+        self.names = [name for name, _ in model.named_parameters()]
+        self._weights = [(p, starts[name]) for name, p in model.named_parameters()]
         self.calls: list[Call] = []
         self._convolutions = 0
         # Forward hooks on every Conv2d (04's recomputation runs through them too); not on a step
@@ -350,17 +360,36 @@ class FromOneStart:
         scaler = self.step.scaler  # its scale as a tensor, read without a sync (get_scale() syncs)
         return scaler._scale.detach().clone() if scaler.is_enabled() and scaler._scale is not None else None
 
-    def __call__(self) -> torch.Tensor:
+    def run(self) -> torch.Tensor:
+        """One step from the start on the next batch; recorded as a call whose update is not yet
+        sampled (:meth:`update_at`). Returns its loss."""
         images, labels = self._batch()
         self.put_back()
         self._convolutions = 0
         before = self._scale()
         loss = self.step(images, labels)
-        with torch.no_grad():
-            update = torch.stack([p.detach()[where].float() - start for p, where, start in self._sampled])
         kept = (images.clone() if images.device.type == "cpu" else images, labels.clone()) if self.keep else None
-        self.calls.append(Call(update, torch.as_tensor(loss).detach(), self._convolutions, kept,
+        self.calls.append(Call(None, torch.as_tensor(loss).detach(), self._convolutions, kept,
                                None if before is None else (before, self._scale())))
+        return loss
+
+    def update_at(self, seed: int) -> torch.Tensor:
+        """The last call's update at :data:`SAMPLES` positions of every weight tensor, drawn from
+        ``seed``: ``(weight tensors, SAMPLES)`` in float32, on the step's device."""
+        generator = torch.Generator().manual_seed(seed)
+        flat = [torch.randint(0, p.numel(), (self.SAMPLES,), generator=generator) for p, _ in self._weights]
+        where = torch.stack(flat).to(self._weights[0][0].device)
+        with torch.no_grad():
+            update = torch.stack([p.detach()[torch.unravel_index(i, p.shape)].float()
+                                  - start[torch.unravel_index(i, p.shape)].float()
+                                  for (p, start), i in zip(self._weights, where)])
+        if self.calls:
+            self.calls[-1].update, self.calls[-1].where = update, seed
+        return update
+
+    def __call__(self) -> torch.Tensor:
+        loss = self.run()
+        self.update_at(self.seed * 1_000_003 + len(self.calls))
         return loss
 
     def settle(self, most: int = 24) -> None:
@@ -369,7 +398,7 @@ class FromOneStart:
         scaler = self.step.scaler
         for _ in range(most if scaler.is_enabled() else 0):
             scale = scaler.get_scale()
-            self()
+            self.run()
             if scaler.get_scale() == scale:
                 break
         self.calls.clear()
@@ -438,9 +467,9 @@ def trained_as_fp32(timed: FromOneStart, device: torch.device, seed: int, calls:
     wants = []
     for i in chosen:
         images, labels = timed.calls[i].batch
-        again = FromOneStart(fp32, timed.start, (images.float().contiguous(), labels), seed=seed)
-        again()
-        wants.append(again.calls[-1].update)
+        again = FromOneStart(fp32, timed.start, (images.float().contiguous(), labels))
+        again.run()
+        wants.append(again.update_at(timed.calls[i].where))
     return updates_alike([timed.calls[i] for i in chosen], wants, timed.names,
                          of=f"timed call (sampled after the timing: {', '.join(str(i + 1) for i in chosen)} of "
                             f"{len(timed.calls)}),", baseline="the lab's fp32 step")

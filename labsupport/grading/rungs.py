@@ -28,12 +28,12 @@ def _measured(found: dict[str, CheckResult], check: str) -> float | None:
     return None if result is None else result.measured
 
 
-def step_05(amp_code: dict, lab) -> train.TrainStep:
-    """05's rung step: the student's 03 step (``amp_code``: 03's carried code) in their 03
-    precision, compiled."""
+def step_03(amp_code: dict, lab, compiled: bool = False) -> train.TrainStep:
+    """03's rung step, and compiled 05's: the student's 03 step (``amp_code``: 03's carried code)
+    in their 03 precision."""
     update = student(amp_code, "amp_train_step", "03")
     dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
-    return amp_step(update, dtype, channels_last, lab.device, seed=lab.seed, compiled=True)
+    return amp_step(update, dtype, channels_last, lab.device, seed=lab.seed, compiled=compiled)
 
 
 def measure_timed(number: str, step: Callable[[], object], config: train.StepConfig, lab,
@@ -48,7 +48,11 @@ def measure_timed(number: str, step: Callable[[], object], config: train.StepCon
     profile = lab.profile
     timing = measure.time_steps(step, lab.device, warmup=profile.warmup_steps, steps=profile.measure_steps,
                                 samples_per_step=profile.batch_size, progress=False)
-    extra = {"05": {"inference_speedup": _measured(found, "05-compile-speedup")}}.get(number, {})
+    accuracy = found["03-accuracy-gap"].details if "03-accuracy-gap" in found else {}
+    extra = {"03": {"step_speedup": _measured(found, "03-amp-speedup"),
+                    "activation_ratio": _measured(found, "03-activation-ratio"),
+                    "accuracy_fp32": accuracy.get("accuracy_fp32"), "accuracy": accuracy.get("accuracy")},
+             "05": {"inference_speedup": _measured(found, "05-compile-speedup")}}.get(number, {})
     metrics = {**timing.summary(), **extra, "timed_by": "the grader's judge, from outside",
                "change": nb.change, "builds_on": nb.builds_on}
     results.record(nb.stage, metrics, config=config, machine=lab.machine, profile=profile)
@@ -101,7 +105,7 @@ def measure(number: str, namespace: dict, lab, found: dict[str, CheckResult]) ->
                                    profile=big, progress=False, batch_size=batch,
                                    peak_ratio=_measured(found, "04-peak-ratio"))
     if number == "05":
-        step = step_05(amp_code, lab)
+        step = step_03(amp_code, lab, compiled=True)
         return report.measure_rung(nb.stage, step, loader(lab), lab, progress=False,
                                    inference_speedup=_measured(found, "05-compile-speedup"))
     raise ValueError(f"notebook {number} records stage {nb.stage} but has no rung here")

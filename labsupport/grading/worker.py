@@ -8,7 +8,7 @@ is either
   from the judge's read-only ``inputs``, beside the earlier notebooks' the judge handed over),
   and builds and runs what the judge asks for with the student's functions; or
 - ``baseline``: it loads no student code at all, and builds the same things with labsupport's
-  own versions (02's naive loader, 05's eager model), so the baseline pays exactly the student's
+  own versions (02's naive loader, 03's fp32 step, 05's eager model), so the baseline pays exactly the student's
   cost of being driven from outside.
 
 Each request is answered by :class:`Served`'s method of its name (``op_<name>``).
@@ -161,16 +161,56 @@ class Served:
         measure.sync(self.lab.device)
         return {"tensors": wire.put(self.view, [out.detach().float()])}
 
+    def op_held_step(self, request) -> dict:
+        """03: a training step on the naive loader's first batch, held here: fp32's (baseline), or
+        the student's ``amp_train_step`` in their chosen precision or the ``dtype`` asked for."""
+        import dataclasses
+
+        from labsupport.grading import g03_amp
+
+        if self.student and not callable(self.namespace.get("amp_train_step")):
+            raise NameError("`amp_train_step` is not defined in the code carried from 03")
+        here = g03_amp.Here(self.namespace, self.lab)
+        kw = {k: request[k] for k in ("init_scale", "batch_size", "image_size") if request.get(k) is not None}
+        dtype = request.get("dtype", "chosen")
+        if dtype not in ("chosen", None, *PRECISIONS):
+            raise ValueError(f"no training precision {dtype!r}")
+        held = here.held_step("candidate" if self.student else "baseline", dtype=dtype, **kw)
+        return {"handle": self.keep(held)}
+
+    def op_held(self, request) -> dict:
+        """One of :class:`~labsupport.grading.g03_amp.HeldStep`'s methods (``ASKED``) on a held step,
+        finished on its device: a number, or tensors copied for the judge."""
+        import torch
+
+        from labsupport import measure
+        from labsupport.grading import g03_amp, wire
+
+        held, method = self.objects[int(request["handle"])], request.get("method")
+        if not isinstance(held, g03_amp.HeldStep) or method not in g03_amp.HeldStep.ASKED:
+            raise ValueError(f"no method {method!r} to ask of object {request['handle']}")
+        args = request.get("args") or {}
+        value = getattr(held, method)(**{k: v for k, v in args.items() if isinstance(v, (int, float, str))})
+        measure.sync(self.lab.device)
+        if isinstance(value, torch.Tensor) and value.dim() == 0:  # a loss
+            return {"value": float(value)}
+        if isinstance(value, torch.Tensor):
+            return {"tensors": wire.put(self.view, [value]), "one": True}
+        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            return {"tensors": wire.put(self.view, value)}
+        return {"value": value}
+
     def op_rung(self, request) -> dict:
-        """Set up this notebook's rung (05: the student's 03 step compiled, fed by their 02 loader)."""
+        """Set up this notebook's rung: the student's 03 step (for 05 compiled), fed by their 02 loader."""
         import dataclasses
 
         from labsupport import pipeline, train
         from labsupport.grading import carried, rungs
 
-        if self.spec["notebook"] != "05" or not self.student:
-            raise ValueError(f"no rung to set up for notebook {self.spec['notebook']} here")
-        step = rungs.step_05(vars(carried("03", self.lab)), self.lab)
+        number = self.spec["notebook"]
+        if number not in ("03", "05") or not self.student:
+            raise ValueError(f"no rung to set up for notebook {number} here")
+        step = rungs.step_03(vars(carried("03", self.lab)), self.lab, compiled=number == "05")
         batches = pipeline.forever(carried("02", self.lab).make_fast_loader(self.lab))
         self.rung = train.pipeline_step(batches, step, non_blocking=True, item_every_step=False)
         return {"config": dataclasses.asdict(step.config)}
