@@ -62,8 +62,9 @@ LOG_CHARS = 2000  # of a worker's own output, kept for a failure's message
 # milliseconds). Past it the student's code has hung, and the check fails saying so.
 REPLY_TIMEOUT_S = 300.0
 # Requests that may take long whatever reply_timeout_s says: the worker's start-up (importing
-# torch), a first compiled call (05), and the rung's steps, whose first ones compile.
-SLOW_OPS = ("load", "cold", "rung_step")
+# torch), a first compiled call (05), the rung's first batch (a loader may decode its split
+# first) and its steps, whose first ones compile.
+SLOW_OPS = ("load", "cold", "rung_batch", "rung_step")
 # The judge's OpenMP threads sleep when their work is done rather than spin: mostly the judge waits
 # for a worker, and its spinning threads took the cores from the worker computing. 02's reference
 # loader served a batch in 8 ms in one process, in 21 ms from a worker beside a judge with two
@@ -362,7 +363,8 @@ def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> di
         config = train.StepConfig(**{k: v for k, v in config.items() if k != "compiled"}, compiled=compiled)
     except TypeError:
         config = train.StepConfig(compiled=compiled)
-    return rungs.measure_timed(number, lambda: student.request("rung_step"), config, lab, found)
+    return rungs.measure_timed(number, lambda: student.request("rung_step"), config, lab, found,
+                               wait=lambda: student.request("rung_batch"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,24 +37,37 @@ def step_03(amp_code: dict, lab, compiled: bool = False) -> train.TrainStep:
 
 
 def measure_timed(number: str, step: Callable[[], object], config: train.StepConfig, lab,
-                  found: dict[str, CheckResult]) -> dict:
-    """Record notebook ``number``'s rung timed from outside (the grader's judge): ``step()`` runs
-    one whole step elsewhere (a batch from the student's loader, then their step) and returns when
-    it is done. Throughput as :func:`report.measure_rung` times it; no phase breakdown or peak
-    memory, which only the process running the step could count."""
+                  found: dict[str, CheckResult], wait: Callable[[], object] | None = None) -> dict:
+    """Record notebook ``number``'s rung timed from outside (the grader's judge): ``wait()`` fetches
+    the next batch from the student's loader onto the device elsewhere, ``step()`` trains on it;
+    each returns when it is done. Throughput as :func:`report.measure_rung` times it, and of the
+    phases only the data wait (the fetch's time), which is all a clock outside can split off; no
+    peak memory, which only the process running the step could count."""
+    import statistics
+    import time
+
     from .. import measure, results
 
     nb = notebooks.get(number)
     profile = lab.profile
-    timing = measure.time_steps(step, lab.device, warmup=profile.warmup_steps, steps=profile.measure_steps,
+    whole = step if wait is None else (lambda: (wait(), step()))
+    timing = measure.time_steps(whole, lab.device, warmup=profile.warmup_steps, steps=profile.measure_steps,
                                 samples_per_step=profile.batch_size, progress=False)
+    metrics = {**timing.summary()}
+    if wait is not None:
+        waits = []
+        for _ in range(max(3, profile.measure_steps // 2)):
+            started = time.perf_counter()
+            wait()
+            waits.append(1e3 * (time.perf_counter() - started))
+            step()
+        metrics["phases_ms"] = {"data wait": statistics.median(waits)}
     accuracy = found["03-accuracy-gap"].details if "03-accuracy-gap" in found else {}
     extra = {"03": {"step_speedup": _measured(found, "03-amp-speedup"),
                     "activation_ratio": _measured(found, "03-activation-ratio"),
                     "accuracy_fp32": accuracy.get("accuracy_fp32"), "accuracy": accuracy.get("accuracy")},
              "05": {"inference_speedup": _measured(found, "05-compile-speedup")}}.get(number, {})
-    metrics = {**timing.summary(), **extra, "timed_by": "the grader's judge, from outside",
-               "change": nb.change, "builds_on": nb.builds_on}
+    metrics.update(**extra, timed_by="the grader's judge, from outside", change=nb.change, builds_on=nb.builds_on)
     results.record(nb.stage, metrics, config=config, machine=lab.machine, profile=profile)
     return metrics
 

@@ -204,21 +204,35 @@ class Served:
         """Set up this notebook's rung: the student's 03 step (for 05 compiled), fed by their 02 loader."""
         import dataclasses
 
-        from labsupport import pipeline, train
+        from labsupport import pipeline
         from labsupport.grading import carried, rungs
 
         number = self.spec["notebook"]
         if number not in ("03", "05") or not self.student:
             raise ValueError(f"no rung to set up for notebook {number} here")
         step = rungs.step_03(vars(carried("03", self.lab)), self.lab, compiled=number == "05")
-        batches = pipeline.forever(carried("02", self.lab).make_fast_loader(self.lab))
-        self.rung = train.pipeline_step(batches, step, non_blocking=True, item_every_step=False)
+        self.rung = (pipeline.forever(carried("02", self.lab).make_fast_loader(self.lab)), step, None)
         return {"config": dataclasses.asdict(step.config)}
 
-    def op_rung_step(self, request) -> dict:
+    def op_rung_batch(self, request) -> dict:
+        """The rung's next batch from the student's loader, copied to the device (the judge times
+        this request as the step's data wait)."""
         from labsupport import measure
 
-        self.rung()
+        batches, step, _ = self.rung
+        self.rung = (batches, step, step.to_device(*next(batches), True))
+        measure.sync(self.lab.device)
+        return {"ok": True}
+
+    def op_rung_step(self, request) -> dict:
+        """One step of the rung on the batch :meth:`op_rung_batch` fetched."""
+        from labsupport import measure
+
+        batches, step, batch = self.rung
+        if batch is None:
+            raise ValueError("no batch fetched for this step")
+        self.rung = (batches, step, None)
+        step(*batch)
         measure.sync(self.lab.device)
         return {"ok": True}
 
