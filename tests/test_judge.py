@@ -48,22 +48,23 @@ def reference_02(reference_code) -> str:
     return reference_code["02"]
 
 
-def judge(tmp_path, tiny_data, code: str, *, notebook: str = "02", earlier: dict[str, str] | None = None,
+def judge(tmp_path, tiny_data, code: str | None, *, notebook: str = "02", earlier: dict[str, str] | None = None,
           profile: str = "tiny", boxed: bool = False, reply_timeout_s: float | None = None,
-          thresholds: Path | None = None) -> dict:
+          thresholds: Path | None = None, prefix: list[str] | None = None) -> dict:
     """Run the judge on ``code`` as notebook ``notebook``'s carried code (``earlier``: earlier
     notebooks' carried code, as the grader hands it over); its verdict."""
     inputs, judged = tmp_path / "inputs", tmp_path / "judged"
     (inputs / "code").mkdir(parents=True)
     judged.mkdir()
-    (inputs / "code" / f"{notebook}.py").write_text(code)
+    if code is not None:  # None: the kernel carried nothing
+        (inputs / "code" / f"{notebook}.py").write_text(code)
     for number, text in (earlier or {}).items():
         (inputs / "code" / f"{number}.py").write_text(text)
     for path in (tmp_path, *tmp_path.parents):  # the sandbox user reads the inputs
         if path != Path("/"):
             path.chmod(path.stat().st_mode | 0o055)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    prefix = []
+    prefix = prefix or []
     if boxed:
         prefix = sandbox.Sandbox(writable=(), readable=(ROOT, Path(tiny_data), inputs)).command([], cwd=Path("/tmp"))
     spec = {"notebook": notebook, "profile": profile,
@@ -455,6 +456,16 @@ train.TrainStep.__call__ = _slow_fp32
 """
     verdict = judge(tmp_path, tiny_data, code, notebook="03")  # measured at any profile (n/a at tiny)
     assert verdict["checks"]["03-amp-speedup"]["measured"] < 1.5, verdict["checks"]["03-amp-speedup"]
+
+
+def test_a_notebook_that_carried_nothing_fails_every_check_without_starting_a_worker(tmp_path, tiny_data):
+    """The untouched release's 03 carries no code: every check fails on the missing function, and
+    the judge starts no worker for it (a blank notebook costs the batch one process, not three)."""
+    # a worker would start under /bin/false, and break off at once: a problem in the verdict
+    verdict = judge(tmp_path, tiny_data, None, notebook="03", prefix=["/bin/false"])
+    assert set(statuses(verdict).values()) == {"fail"}, verdict
+    assert all("is not defined" in c["note"] for c in verdict["checks"].values()), verdict["checks"]
+    assert verdict["rung"] is None and not verdict["problems"], verdict
 
 
 def test_the_wire_round_trips_tensors_and_refuses_what_lies_outside_its_buffer():
