@@ -109,7 +109,9 @@ def grading_time(notebooks: tuple[str, ...] | None = None, course_root: Path = C
         total = time.perf_counter() - started
         longest = {p.stem: longest_cell(p) for p in
                    (root / "autograded" / "reference" / course.assignment_id(root)).glob("*.ipynb")}
-    rows = [{"notebook": g.notebook, "score": f"{g.score:g}/{g.max_score:g}", "kernel s": g.seconds,
+    rows = [{"notebook": g.notebook, "score": f"{g.score:g}/{g.auto_max_score:g}" + (
+                 f" (+{g.max_score - g.auto_max_score:g} by a person)" if g.max_score > g.auto_max_score else ""),
+             "kernel s": g.seconds,
              "verdict s": g.verdict_s, "other s": g.wall_s - g.seconds - g.verdict_s, "total s": g.wall_s,
              "longest cell s": longest.get(g.notebook, (None, ""))[0],
              "longest cell": longest.get(g.notebook, (None, ""))[1]}

@@ -95,7 +95,7 @@ class HeldStep:
 
     def mark(self) -> None:
         """From now on, :meth:`run` starts every call from the weights as they are now."""
-        start = {name: value.detach().clone() for name, value in self.step.model.state_dict().items()}
+        start = partners.snapshot(self.step.model)
         self.timed = partners.FromOneStart(self.step, start, (self.images, self.labels))
 
     def settle(self) -> None:

@@ -82,7 +82,7 @@ def checkpointing(namespace, lab):
     # What is timed is checked: every timed call is one step from the plain step's weights now, and
     # each checkpointed call must train as the plain one does from there, running as many
     # convolutions (its recomputation included) as an untimed call of it.
-    start = {name: value.detach().clone() for name, value in plain.model.state_dict().items()}
+    start = partners.snapshot(plain.model)
     timed_plain = partners.FromOneStart(plain, start, (small_x, small_y), seed=lab.seed, count_convolutions=True)
     timed_ckpt = partners.FromOneStart(ckpt, start, (small_x, small_y), seed=lab.seed, count_convolutions=True)
     timed_ckpt()

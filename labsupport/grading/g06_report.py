@@ -141,7 +141,7 @@ def end_to_end(namespace, lab):
     # What is timed is checked: every timed call of either pipeline is one step on its next batch
     # from the same (fresh) weights; after the timing, three of your timed calls, chosen then, are
     # trained again by the lab's fp32 step on the batches they kept, and must have trained alike.
-    start = {name: value.detach().clone() for name, value in naive_step.model.state_dict().items()}
+    start = partners.snapshot(naive_step.model)
     naive_timed = partners.FromOneStart(naive_step, start, lambda: naive_step.to_device(*next(naive_batches)),
                                         seed=lab.seed)
     fast = partners.FromOneStart(fast_step, start, lambda: fast_step.to_device(*next(batches), True),

@@ -300,6 +300,11 @@ class Call:
     where: int = 0  # the seed its sampled positions were drawn from
 
 
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s weights and BatchNorm buffers now: a :class:`FromOneStart`'s start."""
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
 class FromOneStart:
     """A training step whose every call starts from the same weights and keeps what the call did:
     its loss, and its update at a sample of every weight tensor.
