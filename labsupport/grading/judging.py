@@ -229,15 +229,18 @@ class Sides:
         finally:
             torch.set_num_threads(threads)
 
-    def _loader(self, side: str, **request) -> RemoteLoader:
+    def _build(self, side: str, op: str, **request) -> dict:
+        """Ask ``side``'s worker to build something (a loader, a held step), that side alone running."""
         was = self.side
         self.focus(side)
-        worker = self.workers[side]
         try:
-            reply = worker.request("loader", **request)
+            return self.workers[side].request(op, **request)
         finally:
             self.focus(was)
-        return RemoteLoader(worker, int(reply["handle"]), reply.get("len"))
+
+    def _loader(self, side: str, **request) -> RemoteLoader:
+        reply = self._build(side, "loader", **request)
+        return RemoteLoader(self.workers[side], int(reply["handle"]), reply.get("len"))
 
     def naive_loader(self, profile, *, split: str = "train", augment: bool = True, seed: int = 0) -> RemoteLoader:
         """The naive loader, built in the baseline's worker (no student code ever ran there)."""
@@ -274,13 +277,7 @@ class Sides:
     def held_step(self, side: str, **config) -> RemoteHeld:
         """03: a training step on one batch, held in ``side``'s worker: fp32's for the baseline, the
         student's ``amp_train_step`` for the candidate (:class:`~.g03_amp.Here`'s arguments)."""
-        was = self.side
-        self.focus(side)
-        try:
-            reply = self.workers[side].request("held_step", **config)
-        finally:
-            self.focus(was)
-        return RemoteHeld(self.workers[side], int(reply["handle"]))
+        return RemoteHeld(self.workers[side], int(self._build(side, "held_step", **config)["handle"]))
 
     def inference(self, side: str, dtype) -> RemoteInference:
         """05: the model on one batch in ``dtype``, in ``side``'s worker: eager for the baseline,
