@@ -185,7 +185,7 @@ def source_of(names, namespace: dict) -> tuple[str, list[str]]:
 def keep(number: str, namespace: dict, directory: Path | None = None) -> Path:
     """Write notebook ``number``'s graded functions, as measured now, for later notebooks.
 
-    Called by the graded checks after they measured the code (Used by: 02-05's checks cells).
+    Called by the graded checks after they measured the code.
     Returns the file written. Names not carried are listed as a comment and printed.
     """
     nb = notebooks.get(number)
@@ -210,7 +210,7 @@ def problems(number: str, namespace: dict) -> list[str]:
 
 
 def load(number: str, *, lab=None, directory: Path | None = None) -> types.SimpleNamespace:
-    """Notebook ``number``'s graded functions, as its checks last measured them (Used by: 03-06).
+    """Notebook ``number``'s graded functions, as its checks last measured them.
 
     ``lab`` is made available to that code as the global ``lab``. Raises :class:`CarryError`
     naming the notebook to run when nothing was kept.

@@ -119,10 +119,7 @@ def _params(**params: Any) -> dict[str, Any]:
 
 def generate(root: Path, *, seed: int = 0, train_per_class: int = 500, val_per_class: int = 100,
              source_size: int = 160, quality: int = 90, progress: bool = True) -> Path:
-    """Write the lab-shapes dataset and its manifest into ``root``; return ``root``.
-
-    Used by: ensure() (and so by notebooks 01-06 via labsupport.pipeline).
-    """
+    """Write the lab-shapes dataset and its manifest into ``root``; return ``root``."""
     from tqdm.auto import tqdm  # imported here so importing the module stays cheap
 
     root = Path(root)
@@ -193,7 +190,7 @@ def _looks_intact(root: Path, manifest: dict[str, Any]) -> bool:
 
 
 def default_root() -> Path:
-    """Where the lab dataset lives (:func:`labsupport.paths.data_root`). Used by: ensure(), 01-06."""
+    """Where the lab dataset lives (:func:`labsupport.paths.data_root`)."""
     from .paths import data_root
 
     return data_root()
@@ -205,7 +202,6 @@ def ensure(root: Path | str | None = None, *, full_check: bool = False, progress
 
     A root holding other data (an ImageFolder tree with other classes, or CIFAR-10) is
     returned untouched, so that LAB_DATA can point at any dataset.
-    Used by: notebooks 01-06 (via labsupport.pipeline) and `python -m labsupport data`.
     """
     chosen = root is not None or bool(os.environ.get("LAB_DATA"))  # not the default location
     root = Path(root) if root is not None else default_root()
@@ -303,10 +299,7 @@ def _jpeg_complete(data: bytes) -> bool:
 
 
 def load_rgb(path: str | Path) -> Image.Image:
-    """Open and fully decode an image as RGB, raising CorruptImageError if that fails.
-
-    Used by: open_split() as the ImageFolder loader (notebooks 01-06 via labsupport.pipeline).
-    """
+    """Open and fully decode an image as RGB, raising CorruptImageError if that fails."""
     try:
         data = Path(path).read_bytes()
         with Image.open(io.BytesIO(data)) as img:
@@ -326,8 +319,6 @@ def open_split(root: Path | str, split: str, transform: Callable | None = None) 
     """Open one split of the lab dataset, any ImageFolder tree, or CIFAR-10 on disk.
 
     For CIFAR-10, "train" is its training set and any other split its test set.
-
-    Used by: notebooks 01-06 (via labsupport.pipeline).
     """
     from torchvision import datasets  # imported here: torchvision is slow to import
 

@@ -459,7 +459,7 @@ def quiet_library_logs(device: torch.device) -> None:
 
 
 def setup(seed: int = 0, show: bool = True) -> Lab:
-    """Pick the device, describe the machine, choose the profile and seed RNGs (Used by: 01-06)."""
+    """Pick the device, describe the machine, choose the profile and seed RNGs."""
     from .paths import use_drive_in_colab
     from .train import seed_everything
 

@@ -75,7 +75,7 @@ class Spread:
 
 @dataclass(frozen=True)
 class StepTimes:
-    """Per-step wall times of a steady-state run (Used by: notebooks 01-06)."""
+    """Per-step wall times of a steady-state run."""
 
     times_ms: tuple[float, ...]  # one entry per measured step, in order
     samples_per_step: int  # images one step consumes (batch size x accumulation steps)
@@ -108,7 +108,7 @@ class StepTimes:
 
 def time_steps(step: Callable[[], object], device: torch.device | str, *, warmup: int,
                steps: int, samples_per_step: int = 1, progress: bool = False) -> StepTimes:
-    """Time ``steps`` calls of ``step`` after ``warmup`` discarded ones (Used by: 01-06).
+    """Time ``steps`` calls of ``step`` after ``warmup`` discarded ones.
 
     This is the lab's one steady-state timing path.
     """
@@ -212,7 +212,7 @@ def cold_compile_s(compiled: Callable, *args, device: torch.device | str) -> flo
 
 @dataclass(frozen=True)
 class Comparison:
-    """A paired A/B speed comparison (Used by: the grading checks, notebooks 02-06)."""
+    """A paired A/B speed comparison."""
 
     baseline_s: tuple[float, ...]  # seconds the baseline took, per round
     candidate_s: tuple[float, ...]  # seconds the candidate took, per round
@@ -255,7 +255,7 @@ class Comparison:
 def compare(baseline: Callable[[], object], candidate: Callable[[], object],
             device: torch.device | str, *, rounds: int, steps_per_round: int, warmup: int = 1,
             progress: bool = False, focus: Callable[[str], None] | None = None) -> Comparison:
-    """Speedup of ``candidate`` over ``baseline``, measured in interleaved rounds (Used by: 02-06).
+    """Speedup of ``candidate`` over ``baseline``, measured in interleaved rounds.
 
     Each round times ``steps_per_round`` calls of each side; the order alternates (A B, then
     B A) so that neither side always runs on a warmer or cooler machine. ``focus``, if given, is

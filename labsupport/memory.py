@@ -90,7 +90,7 @@ class MemoryReport:
 
 
 def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryReport:
-    """Peak bytes torch allocates on ``device`` while ``fn()`` runs (Used by: notebooks 01-05).
+    """Peak bytes torch allocates on ``device`` while ``fn()`` runs.
 
     Counted by :class:`TensorBytes` on every device, so a ratio or budget means the same thing on a
     GPU as on a CPU. Run one warm-up call first, so one-off allocations (optimizer state) are not

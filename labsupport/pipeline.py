@@ -75,7 +75,7 @@ def naive_loader(profile: Profile, *, root: Path | str | None = None, split: str
 
 
 class forever:  # noqa: N801 (lower case: it is called like a function)
-    """Yield batches from ``loader`` epoch after epoch, for step-count-driven loops (Used by: 01-06).
+    """Yield batches from ``loader`` epoch after epoch, for step-count-driven loops.
 
     It keeps no batch once handed out: a batch still held here would be freed inside the caller's
     next step, which the memory profiler reports as a block "allocated before the profiling
@@ -113,7 +113,7 @@ class forever:  # noqa: N801 (lower case: it is called like a function)
 
 def decode_once(split: str = "train", *, size: int | None = None, root: Path | str | None = None,
                 workers: int | None = None, progress: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode every image of a split once: ``(uint8 images N x 3 x H x W, int64 labels)`` (Used by: 02-06).
+    """Decode every image of a split once: ``(uint8 images N x 3 x H x W, int64 labels)``.
 
     ``size=None`` keeps the stored resolution, for :func:`batch_augment` to crop from. ``size=S``
     applies the naive loader's evaluation transform (resize, centre crop) with PIL, so that
@@ -167,7 +167,7 @@ def _per_channel(values: tuple[float, ...], device: torch.device | str) -> torch
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
-    """uint8 images to normalised float32, the same arithmetic as ToTensor + Normalize (Used by: 02-06)."""
+    """uint8 images to normalised float32, the same arithmetic as ToTensor + Normalize."""
     mean, std = _per_channel(MEAN, images.device), _per_channel(STD, images.device)
     return (images.float().div(255) - mean) / std
 

@@ -123,7 +123,7 @@ def _setup(rec: dict) -> dict:
 
 
 def measure_rung(stage: str, step, loader, lab, *, profile=None, progress: bool = True, **extra) -> dict:
-    """Measure one rung of the ladder end to end, now, and record it (Used by: 01-05).
+    """Measure one rung of the ladder end to end, now, and record it.
 
     The lab's one timing path for every rung, so rungs compare: ``loader`` feeds ``step`` for the
     profile's warm-up and measured steps (throughput at the median step, with its IQR), then a

@@ -53,7 +53,7 @@ def _jsonable(value):
 
 def record(stage: str, metrics: dict, *, config=None, machine=None, profile=None,
            directory: Path | None = None) -> Path:
-    """Save ``metrics`` under ``stage`` with config, profile and machine (Used by: notebooks 01-05).
+    """Save ``metrics`` under ``stage`` with config, profile and machine.
 
     Overwrites an earlier record of the same stage: the latest run is the one that counts.
     """

@@ -29,7 +29,7 @@ PHASES = ("data wait", "host to device", "forward", "backward", "optimizer")
 
 @dataclass(frozen=True)
 class StepConfig:
-    """The knobs of one training step (Used by: notebooks 01-06; stored with every result)."""
+    """The knobs of one training step (stored with every result)."""
 
     amp_dtype: str | None = None  # 16-bit type the update autocasts to: "bfloat16", "float16", None
     channels_last: bool = False  # NHWC memory format for weights and inputs (faster convs with AMP)
@@ -53,7 +53,7 @@ class StepConfig:
 
 
 def seed_everything(seed: int = 0) -> None:
-    """Seed Python-side and torch RNGs; an explicit call, never done on import (Used by: 01-06)."""
+    """Seed Python-side and torch RNGs; an explicit call, never done on import."""
     import random
 
     random.seed(seed)
@@ -62,7 +62,7 @@ def seed_everything(seed: int = 0) -> None:
 
 
 def build_model(num_classes: int = 10, seed: int = 0) -> nn.Module:
-    """A freshly initialised torchvision ResNet-18 (no downloaded weights) (Used by: 01-06)."""
+    """A freshly initialised torchvision ResNet-18 (no downloaded weights)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return torchvision.models.resnet18(weights=None, num_classes=num_classes)
@@ -96,7 +96,7 @@ def _phase_hooks(step: "TrainStep", clock: PhaseClock | None):
 
 
 class TrainStep:
-    """One optimizer update of a model (Used by: notebooks 01-06 and their checks).
+    """One optimizer update of a model.
 
     ``step(images, labels)`` returns the batch's mean loss as a detached tensor on the device; it
     does not call ``.item()``, so it never forces a device sync the caller did not ask for.
@@ -162,7 +162,7 @@ class TrainStep:
 def make_step(config: StepConfig = StepConfig(), device: torch.device | str = "cpu",
               seed: int = 0, num_classes: int = 10, *, update: Update | None = None,
               wrap: Callable[[nn.Module], nn.Module] | None = None) -> TrainStep:
-    """A fresh seeded ResNet-18 with its training step (Used by: notebooks 01-06).
+    """A fresh seeded ResNet-18 with its training step.
 
     ``update`` is the student's update function (see :class:`TrainStep`); ``wrap(model)`` builds
     the network forward calls around the model (04: ``lambda m: checkpointed(m, SEGMENTS)``).
@@ -210,7 +210,7 @@ def phase_breakdown(batches: Iterator, step: TrainStep, *, steps: int, warmup: i
 
 @torch.no_grad()
 def evaluate(step: TrainStep, loader) -> float:
-    """Top-1 accuracy of the step's model on a loader, under the step's autocast (Used by: 03-06)."""
+    """Top-1 accuracy of the step's model on a loader, under the step's autocast."""
     step.model.eval()
     correct = total = 0
     for images, labels in loader:

@@ -56,12 +56,20 @@ def test_paired_comparison_of_a_workload_with_itself_is_one():
     the rounds disagree and the comparison says NOISY; measuring again is what it advises. With a
     busy second process on a 2-core machine, tries measured 0.94x (IQR 0.80-1.05) and 1.18x (IQR
     0.99-1.64), each flagged noisy: no ratio near 1 means anything there, so after 3 noisy tries
-    the test skips, visibly, rather than pass or fail on noise."""
+    the test skips, visibly, rather than pass or fail on noise. Rounds that agree within the noisy
+    flag's 15% can still put the median 6% off beside the rest of make test (1.06x, IQR
+    0.98-1.14): as the 2x test above, a quiet try may miss and the next is measured; a comparison
+    that is wrong (one side always first, launches timed) misses every time."""
     work = _matmul_work(40)
-    result, noisy = _compare_until_quiet(work, work)
-    if result.noisy:
-        pytest.skip("this machine is busy: 3 comparisons in a row were flagged NOISY: " + "; ".join(noisy))
-    assert 0.95 <= result.speedup.median <= 1.05, f"A against A should be 1.0x, got {result}"
+    tries = []
+    for _ in range(3):
+        result, noisy = _compare_until_quiet(work, work)
+        if result.noisy:
+            pytest.skip("this machine is busy: 3 comparisons in a row were flagged NOISY: " + "; ".join(noisy))
+        if 0.95 <= result.speedup.median <= 1.05:
+            return
+        tries.append(str(result))
+    raise AssertionError("A against A should be 1.0x (+-5%), got: " + "; ".join(tries))
 
 
 def test_disagreeing_rounds_are_flagged_noisy():

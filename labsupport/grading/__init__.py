@@ -225,14 +225,14 @@ def check(notebook: str, namespace: dict) -> pd.DataFrame:
 
     Call ``ls.check("02", globals())`` in a notebook (it works in Colab, where nbgrader's Validate
     button is absent). It measures with a fresh copy of labsupport and returns the table:
-    check, measured, threshold, result, note. Used by: the last section of 01-06.
+    check, measured, threshold, result, note.
     """
     results = fresh().grading.run(notebook, namespace)
     return table(list(results.values()))
 
 
 def table(results) -> pd.DataFrame:
-    """The self-check table: check, measured, threshold, result (Used by: ``check`` in 01-06)."""
+    """The self-check table: check, measured, threshold, result."""
     results = list(results)
     def bar(r: CheckResult) -> str:
         return "" if r.threshold is None else f"{'>=' if r.better == 'higher' else '<='} {r.threshold:.3g}"
@@ -350,7 +350,7 @@ def written_now(path: Path, cell: str) -> Path:
 def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
         skip: tuple[str, ...] = (), lab: hardware.Lab | None = None, keep: bool = True,
         tampered: str = "", sides=None) -> dict[str, CheckResult]:
-    """Run notebook ``number``'s graded checks on the code in ``namespace`` (Used by: 01-06).
+    """Run notebook ``number``'s graded checks on the code in ``namespace``.
 
     Returns ``{check id: CheckResult}``. A check whose code raised fails with the error as its
     note; the other checks still run. ``only`` / ``skip`` select checks by id (a notebook may

@@ -29,7 +29,7 @@ from . import CheckResult, StudentCodeError, judge, one_batch, partners, registe
 
 def amp_step(fn: Callable, dtype: torch.dtype | None, channels_last: bool, device: torch.device,
              seed: int = 0, init_scale: float | None = None, compiled: bool = False) -> train.TrainStep:
-    """The student's ``amp_train_step`` as the update of a fresh seeded ResNet-18 step (Used by: 03-06)."""
+    """The student's ``amp_train_step`` as the update of a fresh seeded ResNet-18 step."""
     name = str(dtype).removeprefix("torch.") if dtype is not None else None
     step = train.make_step(train.StepConfig(amp_dtype=name, channels_last=channels_last, compiled=compiled),
                            device, seed=seed, update=fn)
@@ -39,7 +39,7 @@ def amp_step(fn: Callable, dtype: torch.dtype | None, channels_last: bool, devic
 
 
 def precision(choose: Callable, machine) -> tuple[torch.dtype | None, bool]:
-    """``(dtype, channels_last)`` from the student's ``choose_precision(machine)``, checked (Used by: 03-06)."""
+    """``(dtype, channels_last)`` from the student's ``choose_precision(machine)``, checked."""
     choice = choose(machine)
     try:
         dtype, channels_last = choice["dtype"], bool(choice["channels_last"])

@@ -19,7 +19,7 @@ from . import StudentCodeError, judge, one_batch, partners, register, speed, stu
 
 
 def segments_of(namespace) -> int:
-    """The student's ``SEGMENTS``, checked to be a whole number of ResNet-18's 9 body units (Used by: 04-06)."""
+    """The student's ``SEGMENTS``, checked to be a whole number of ResNet-18's 9 body units."""
     segments = namespace.get("SEGMENTS")
     if not isinstance(segments, int) or not 1 <= segments <= 9:
         raise StudentCodeError(f"SEGMENTS = {segments!r}: set it to the number of checkpointed segments "
