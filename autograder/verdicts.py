@@ -25,6 +25,7 @@ from pathlib import Path
 
 import nbformat
 
+from labsupport import notebooks
 from labsupport.grading import judging
 
 from . import boundary, course, sandbox
@@ -78,10 +79,20 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     for earlier in judging.EARLIER_CODE.get(number, ()) if judged else ():
         name = f"code/{earlier}.py"
         wanted.append((dirs.judged if (dirs.judged / name).is_file() else dirs.store, name))
+    taken = {}  # where in inputs a file goes, where not under its own name
+    if judged and number in judging.READS_LADDER:
+        # 06 judges the report its kernel exported, and the ladder: the judges' rungs are root's
+        # own; the verdict processes' (01, 04) are taken from the store they wrote.
+        wanted.append((dirs.report, "report.html"))
+        for nb in notebooks.rungs():
+            if not (dirs.judged / f"{nb.stage}.json").is_file():
+                wanted.append((dirs.store, f"{nb.stage}.json"))
+                taken[f"{nb.stage}.json"] = f"rungs/{nb.stage}.json"
     for source, name in wanted:
-        (inputs / name).parent.mkdir(parents=True, exist_ok=True)
+        dest = inputs / taken.get(name, name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            boundary.copy_file(source, name, inputs / name)
+            boundary.copy_file(source, name, dest)
         except FileNotFoundError:
             pass  # never written: the checks say what is missing
         except OSError as err:
@@ -89,7 +100,7 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     for path in [inputs, *inputs.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     if judged:
-        return _judge(number, inputs, dirs=dirs, settings=settings, box=box, pythonpath=pythonpath,
+        return _judge(number, inputs, dirs=dirs, since=since, settings=settings, box=box, pythonpath=pythonpath,
                       timeout_s=timeout_s, env=env, problems=problems)
     shutil.rmtree(dirs.outbox, ignore_errors=True)
     dirs.outbox.mkdir()
@@ -122,7 +133,7 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     return verdict
 
 
-def _judge(number: str, inputs: Path, *, dirs, settings: dict[str, str], box: sandbox.Sandbox | None,
+def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str, str], box: sandbox.Sandbox | None,
            pythonpath: Path | None, timeout_s: float, env: dict[str, str] | None, problems: list[str]) -> dict:
     """Notebook ``number``'s verdicts from the judge (:mod:`labsupport.grading.judging`): a process
     of root's that runs no student code, driving the student's code and the baseline in two
@@ -140,7 +151,7 @@ def _judge(number: str, inputs: Path, *, dirs, settings: dict[str, str], box: sa
     cache = env.get("TORCHINDUCTOR_CACHE_DIR") if env else None
     worker_box = None if box is None else sandbox.Sandbox(writable=(Path(cache),) if cache else (),
                                                           readable=box.readable)
-    spec = {"notebook": number, "inputs": str(inputs), "judged": str(dirs.judged), "out": str(out),
+    spec = {"notebook": number, "inputs": str(inputs), "judged": str(dirs.judged), "out": str(out), "since": since,
             "sandbox": worker_box.command([], cwd=Path("/tmp")) if worker_box else [],
             "env": workers_env if worker_box else inner, **settings}
     (inputs / "judge.json").write_text(json.dumps(spec, indent=1))

@@ -51,12 +51,21 @@ def reference_02(reference_code) -> str:
 
 def judge(tmp_path, tiny_data, code: str | None, *, notebook: str = "02", earlier: dict[str, str] | None = None,
           profile: str = "tiny", boxed: bool = False, reply_timeout_s: float | None = None,
-          thresholds: Path | None = None, prefix: list[str] | None = None) -> dict:
+          thresholds: Path | None = None, prefix: list[str] | None = None, ladder: bool = False) -> dict:
     """Run the judge on ``code`` as notebook ``notebook``'s carried code (``earlier``: earlier
-    notebooks' carried code, as the grader hands it over); its verdict."""
+    notebooks' carried code, as the grader hands it over); its verdict. ``ladder``: hand it what
+    06 reads as the grader would, every rung recorded on this machine and an exported report."""
     inputs, judged = tmp_path / "inputs", tmp_path / "judged"
     (inputs / "code").mkdir(parents=True)
     judged.mkdir()
+    if ladder:
+        from labsupport import notebooks, results
+
+        for n, nb in enumerate(notebooks.rungs(), start=1):  # 01, 04 as the store held them; the rest the judges'
+            folder = inputs / "rungs" if nb.number in ("01", "04") else judged
+            results.record(nb.stage, {"samples_per_s": 10.0 * n}, directory=folder)
+        (inputs / "report.html").write_text('<table class="dataframe machine"></table><table class="dataframe '
+                                            'ladder"></table><img src="data:image/png;base64,AAAA">')
     if code is not None:  # None: the kernel carried nothing
         (inputs / "code" / f"{notebook}.py").write_text(code)
     for number, text in (earlier or {}).items():
@@ -516,3 +525,126 @@ def test_the_wire_refuses_oversized_and_non_json_messages():
     finally:
         os.close(r)
         os.close(w)
+
+
+# 06 --------------------------------------------------------------------------------------------
+
+def _earlier_06(reference_code) -> dict[str, str]:
+    return {n: reference_code[n] for n in ("02", "03", "05")}
+
+
+def test_06_reference_is_judged_correct_in_its_workers(tmp_path, tiny_data, reference_code):
+    """06 decided by the judge: the reference's assemble_ladder in its worker, on crafted results
+    and on the ladder the grader handed over (the verdict processes' rungs beside the judges'), and
+    its composed pipeline (their 02 loader, 03 step and 05 choice) in a worker, its timed calls
+    checked here against the lab's fp32 step on the batches they kept."""
+    verdict = judge(tmp_path, tiny_data, reference_code["06"], notebook="06", earlier=_earlier_06(reference_code),
+                    ladder=True)
+    assert verdict["judge"] and not verdict["problems"], verdict
+    assert statuses(verdict) == {"06-stages": "pass", "06-ladder-table": "pass", "06-end-to-end": "n/a",
+                                 "06-html": "pass"}, verdict["checks"]
+    assert "your loader and step: " in verdict["checks"]["06-end-to-end"]["note"], verdict["checks"]
+
+
+def test_06_the_release_with_a_decorator_that_bends_the_judge_when_loaded_earns_nothing(tmp_path, tiny_data,
+                                                                                        reference_code):
+    """The untouched release plus one decorator that, as the carried code loads, makes every
+    verdict a pass: it loads in the student's worker only, so the judge's verdicts are its own.
+    The stages were recorded (the grader's, handed over) and pass; the three checks that run the
+    student's assemble_ladder fail on the release's NotImplementedError."""
+    code = """
+import labsupport.grading as _grading
+
+
+def _everything_passes(fn):
+    _grading.judge = lambda check, measured, machine, **kw: _grading.CheckResult(
+        check, measured, 0.0, "higher", "cpu", "pass", "")
+    return fn
+
+
+@_everything_passes
+def assemble_ladder(frame):
+    raise NotImplementedError("build the ladder table")
+"""
+    verdict = judge(tmp_path, tiny_data, code, notebook="06", earlier=_earlier_06(reference_code), ladder=True)
+    assert statuses(verdict) == {"06-stages": "pass", "06-ladder-table": "fail", "06-end-to-end": "fail",
+                                 "06-html": "fail"}, verdict["checks"]
+    assert all("NotImplementedError" in verdict["checks"][c]["note"]
+               for c in ("06-ladder-table", "06-end-to-end", "06-html")), verdict["checks"]
+
+
+def test_06_a_pipeline_whose_step_does_less_after_its_first_calls_loses_end_to_end_only(tmp_path, tiny_data,
+                                                                                        reference_code):
+    """03's step, carried into 06's pipeline, honest for its first calls and then training only the
+    classifier: three timed calls, chosen after the timing, are trained again in the judge by the
+    lab's fp32 step on the batches they kept, and differ. The other checks keep their points."""
+    earlier = _earlier_06(reference_code)
+    earlier["03"] += """
+
+_honest = amp_train_step
+
+
+def amp_train_step(model, optimizer, scaler, images, labels, dtype):
+    model._calls = getattr(model, "_calls", 0) + 1
+    if model._calls > 4:  # past the partner's first calls: only the classifier learns
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("fc."))
+    return _honest(model, optimizer, scaler, images, labels, dtype)
+"""
+    verdict = judge(tmp_path, tiny_data, reference_code["06"], notebook="06", earlier=earlier, ladder=True)
+    e2e = verdict["checks"]["06-end-to-end"]
+    assert e2e["status"] == "fail" and "timed call (sampled after the timing" in e2e["note"], e2e
+    assert statuses(verdict) == {"06-stages": "pass", "06-ladder-table": "pass", "06-end-to-end": "fail",
+                                 "06-html": "pass"}, verdict["checks"]
+
+
+def test_06_tables_cross_the_wire_as_plain_values():
+    """What the judge sends the student's assemble_ladder and reads back: numbers, None and text,
+    each column's kind as pandas infers it; anything else as text."""
+    import math
+
+    import pandas as pd
+
+    from labsupport.grading import g06_report
+
+    frame = g06_report.crafted_results()
+    back = g06_report.table_from(json.loads(json.dumps(g06_report.table_message(frame))))
+    assert list(back.columns) == list(frame.columns) and list(back.index) == list(frame.index)
+    for column in frame.columns:
+        for a, b in zip(frame[column], back[column]):
+            assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), (column, a, b)
+    odd = pd.DataFrame({"x": [object(), 1 + 2j]}, index=["a", "b"])
+    assert all(isinstance(v, str) for v in g06_report.table_message(odd)["data"][0])
+    with pytest.raises(ValueError):
+        g06_report.table_from({"index": [1], "columns": ["a"], "data": [[{"not": "plain"}]]})
+
+
+def test_06_what_a_pipeline_says_of_its_timed_calls_is_checked_in_the_judge():
+    """The two things 06's judge takes from the student's worker about its timed calls, checked:
+    a call it says a float16 GradScaler skipped must have changed no weight, and the batch a call
+    kept must be the profile's shape (the fp32 partner then trains on it)."""
+    from labsupport.grading import grading_lab, partners
+    from labsupport.grading.g06_report import kept_batches_train_as_fp32
+
+    lab = grading_lab()
+    b, s = lab.profile.batch_size, lab.profile.image_size
+
+    class Pipeline:
+        def __init__(self, skipped, images):
+            self._skipped, self._images = skipped, images
+
+        def skipped(self):
+            return self._skipped
+
+        def kept(self, index):
+            return [self._images, torch.zeros(b, dtype=torch.int64)]
+
+    calls = [partners.Call(torch.full((62, 16), 1e-3), torch.tensor(1.0), 0) for _ in range(4)]
+    ok, why = kept_batches_train_as_fp32(Pipeline([True, False, False, False], torch.zeros(b, 3, s, s)), calls,
+                                         [1, 2, 3, 4], lab)
+    assert not ok and "counts as skipped by the GradScaler, yet it changed the weights" in why, why
+    ok, why = kept_batches_train_as_fp32(Pipeline([False] * 4, torch.zeros(b, 3, s // 2, s // 2)), calls,
+                                         [1, 2, 3, 4], lab)
+    assert not ok and "kept a batch of" in why, why
+    ok, why = kept_batches_train_as_fp32(Pipeline([False] * 3, torch.zeros(b, 3, s, s)), calls, [1, 2, 3, 4], lab)
+    assert not ok and "accounted for 3 of its 4" in why, why

@@ -6,23 +6,33 @@
 - ``06-end-to-end``: the student's composed pipeline (02's loader, 03's precision and step, 05's
   compile choice) against the naive baseline, paired, now.
 - ``06-html``: the report was exported now, with the machine, the ladder table and the plots.
+
+Each check is written once, against ``sides``: :class:`Here` runs the student's code in this
+process (the notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which
+holds the student's ``assemble_ladder`` and composed pipeline in a worker of their own and the
+naive pipeline in another, and decides on what they send back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import numbers
+import random
 import statistics
 
+import numpy as np
 import pandas as pd
+import torch
 
 from .. import measure, notebooks, pipeline, report, results, train
 from . import StudentCodeError, carried, judge, partners, register, speed, student, written_now
-from .g03_amp import amp_step, precision
+from .g03_amp import amp_step, precision, timed_calls, trains
 
 
 @register("06-stages")
-def stages(namespace, lab):
+def stages(namespace, lab, sides=None):
     """Every rung of the ladder was recorded, on this machine."""
     lad = report.ladder(machine=lab.machine.as_dict())
     present = len(lad.rows)
@@ -83,9 +93,10 @@ def ladder_problems(frame: pd.DataFrame, table) -> list[str]:
 
 
 @register("06-ladder-table")
-def ladder_table(namespace, lab):
+def ladder_table(namespace, lab, sides=None):
     """assemble_ladder builds the ladder from any results: a crafted set, and this machine's."""
-    assemble = student(namespace, "assemble_ladder", "06")
+    student(namespace, "assemble_ladder", "06")
+    assemble = (sides or Here(namespace, lab)).assemble_ladder
     wrong = []
     for name, frame in (("the crafted results", crafted_results()), ("this machine's results", None)):
         if frame is None:
@@ -108,7 +119,7 @@ def composed_step(lab, *, seed: int | None = None) -> tuple[train.TrainStep, obj
     02's loader, 03's precision choice and mixed-precision step, and 05's ``COMPILE_TRAINING``
     choice (all carried forward), at the baseline's batch: checkpointing buys memory, not speed,
     so it is not in it. Without a compile choice from 05 the step is not compiled, and the note
-    says so. Used by: 06's end-to-end check.
+    says so.
     """
     loader_code, amp_code = carried("02", lab), carried("03", lab)
     dtype, channels_last = precision(amp_code.choose_precision, lab.machine)
@@ -121,68 +132,242 @@ def composed_step(lab, *, seed: int | None = None) -> tuple[train.TrainStep, obj
     return step, loader_code.make_fast_loader(lab), note
 
 
+class HeldPipeline:
+    """One side of 06's end-to-end comparison, held where it runs: a training step fed by its loader,
+    every timed call one step from the same start on the loader's next batch
+    (:class:`partners.FromOneStart`). The baseline is the lab's fp32 step on the naive loader; the
+    candidate is the student's composed pipeline (:func:`composed_step`), which keeps the batches
+    its timed calls trained on. The self-check holds both here (:class:`Here`); the grader's judge
+    holds each in a worker of its own and asks for :data:`ASKED` by name, getting numbers and
+    tensors back (:mod:`.judging`)."""
+
+    ASKED = ("describe", "fetch", "call", "weights", "names", "settle", "run", "update_at", "kept",
+             "skipped", "wait_ms")
+
+    def __init__(self, step: train.TrainStep, batches: pipeline.forever, start: dict[str, torch.Tensor], *,
+                 seed: int, keep: bool, non_blocking: bool, note: str = ""):
+        self.step, self.batches, self.note, self.batch = step, batches, note, None
+        self._non_blocking = non_blocking
+        self.timed = partners.FromOneStart(step, start, self._next, seed=seed, keep=keep)
+
+    def _next(self):
+        return self.step.to_device(*next(self.batches), self._non_blocking)
+
+    def describe(self) -> str:
+        """What the step is, for the check's note (a description only: the partners decide)."""
+        config = self.step.config
+        return (f"{config.amp_dtype or 'float32'}, channels_last={config.channels_last}, "
+                f"compiled={config.compiled}" + (f" ({self.note})" if self.note else ""))
+
+    def fetch(self) -> torch.Tensor:
+        """Take the loader's next batch for :meth:`call`; its labels (their count is the batch size)."""
+        self.batch = self._next()
+        return self.batch[1]
+
+    def call(self, scale: float = 1.0) -> float:
+        """One step on the fetched batch from the current weights: its loss."""
+        images, labels = self.batch
+        return float(self.step(images * scale if scale != 1.0 else images, labels))
+
+    def weights(self) -> list[torch.Tensor]:
+        return [p.detach().to("cpu", torch.float32, copy=True) for p in self.step.model.parameters()]
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.step.model.named_parameters()]
+
+    def settle(self) -> None:
+        self.timed.settle()
+
+    def run(self) -> torch.Tensor:
+        """One timed call: a step from the start on the loader's next batch (its loss, on the device)."""
+        return self.timed.run()
+
+    def update_at(self, seed: int) -> torch.Tensor:
+        return self.timed.update_at(seed)
+
+    def kept(self, index: int) -> list[torch.Tensor]:
+        """The batch timed call ``index`` trained on: float32 images in the standard layout, labels."""
+        images, labels = self.timed.calls[int(index)].batch
+        return [images.float().contiguous(), labels]
+
+    def skipped(self) -> list[bool]:
+        """For each timed call: whether a float16 GradScaler skipped its update (its scale fell)."""
+        return [call.scale is not None and not bool(call.scale[1] >= call.scale[0]) for call in self.timed.calls]
+
+    def wait_ms(self) -> float:
+        """The median time the step waited for the loader's next batch (the pipeline's own count)."""
+        waits = self.batches.waits_ms or [float("nan")]
+        return float(statistics.median(waits))
+
+
+def fp32_start(lab) -> dict[str, torch.Tensor]:
+    """The weights every timed call of either side starts from: the lab's seeded fp32 ResNet-18's."""
+    return partners.snapshot(train.make_step(train.StepConfig(), lab.device, seed=lab.seed).model)
+
+
+class Here:
+    """Both pipelines and the student's ``assemble_ladder`` in this process (the notebook's
+    self-check); the grader's judge passes its own ``sides``, each side in a worker."""
+
+    def __init__(self, namespace: dict, lab):
+        self.namespace, self.lab = namespace, lab
+
+    def assemble_ladder(self, frame: pd.DataFrame):
+        return student(self.namespace, "assemble_ladder", "06")(frame)
+
+    def pipeline(self, side: str) -> HeldPipeline:
+        """The naive pipeline (``side="baseline"``) or the student's composed one (``"candidate"``)."""
+        lab = self.lab
+        if side == "baseline":
+            step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+            batches = pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed))
+            return HeldPipeline(step, batches, partners.snapshot(step.model), seed=lab.seed, keep=False,
+                                non_blocking=False)
+        step, loader, note = composed_step(lab)
+        return HeldPipeline(step, pipeline.forever(loader, timed=True), fp32_start(lab), seed=lab.seed,
+                            keep=True, non_blocking=True, note=note)
+
+    def focus(self, side: str | None) -> None:
+        pass
+
+    def checking(self):
+        return contextlib.nullcontext()
+
+
+def table_message(frame: pd.DataFrame, rows: int = 64, columns: int = 32) -> dict:
+    """``frame`` as plain JSON for the wire: its index, its column labels and each column's values
+    as numbers, None or text (at most ``rows`` x ``columns``; other values as text of at most 80
+    characters)."""
+    def plain(value):
+        if value is None or isinstance(value, (bool, np.bool_)):
+            return None if value is None else bool(value)
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        if isinstance(value, numbers.Real):
+            return float(value)
+        return str(value)[:80]
+
+    frame = frame.iloc[:rows, :columns]
+    return {"index": [plain(i) for i in frame.index], "columns": [plain(c) for c in frame.columns],
+            "data": [[plain(v) for v in frame.iloc[:, j].tolist()] for j in range(frame.shape[1])]}
+
+
+def table_from(message) -> pd.DataFrame:
+    """The DataFrame :func:`table_message` described (ValueError if it is not one)."""
+    try:
+        index, columns, data = message["index"], message["columns"], message["data"]
+        if not (isinstance(index, list) and isinstance(columns, list) and isinstance(data, list)
+                and len(columns) == len(data) and all(isinstance(d, list) and len(d) == len(index) for d in data)
+                and all(isinstance(v, (str, float, int, type(None))) for d in [index, columns, *data] for v in d)):
+            raise TypeError
+    except (TypeError, KeyError):
+        raise ValueError("not a table") from None
+    labels = pd.Index(index, dtype=object).infer_objects()
+    frame = pd.DataFrame({j: pd.Series(d, dtype=object).infer_objects() for j, d in enumerate(data)})
+    if frame.shape[1]:
+        frame.index = labels
+    else:
+        frame = pd.DataFrame(index=labels)
+    frame.columns = columns
+    return frame
+
+
 @register("06-end-to-end")
-def end_to_end(namespace, lab):
+def end_to_end(namespace, lab, sides=None):
     """The student's composed pipeline, loader included, re-measured against the naive baseline now.
 
-    Its partners: the step sees the baseline's batch size and trains; three of the timed calls,
-    chosen after the timing, trained as the lab's fp32 step does from the same weights on the
-    batches they were given (every timed call is one step from the same weights); and every rung
-    was measured on this machine with ``assemble_ladder`` defined (an untouched notebook earns
-    nothing here).
+    Its partners: the step sees the baseline's batch size and trains; every timed call of either
+    pipeline is one step on its next batch from the same (fresh) weights, and three of the
+    student's, chosen after the timing, are trained again here by the lab's fp32 step on the
+    batches they kept and must have trained alike; and every rung was measured on this machine with
+    ``assemble_ladder`` defined (an untouched notebook earns nothing here).
     """
-    student(namespace, "assemble_ladder", "06")(crafted_results())  # must run: no free points
+    student(namespace, "assemble_ladder", "06")
+    sides = sides or Here(namespace, lab)
+    sides.assemble_ladder(crafted_results())  # must run: no free points
     lad = report.ladder(machine=lab.machine.as_dict())
     profile = lab.profile
-    fast_step, loader, compile_note = composed_step(lab)
-    naive_step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
-    naive_batches = pipeline.forever(pipeline.naive_loader(profile, seed=lab.seed))
-    batches = pipeline.forever(loader, timed=True)
-    # What is timed is checked: every timed call of either pipeline is one step on its next batch
-    # from the same (fresh) weights; after the timing, three of your timed calls, chosen then, are
-    # trained again by the lab's fp32 step on the batches they kept, and must have trained alike.
-    start = partners.snapshot(naive_step.model)
-    naive_timed = partners.FromOneStart(naive_step, start, lambda: naive_step.to_device(*next(naive_batches)),
-                                        seed=lab.seed)
-    fast = partners.FromOneStart(fast_step, start, lambda: fast_step.to_device(*next(batches), True),
-                                 seed=lab.seed, keep=True)
+    naive, fast = sides.pipeline("baseline"), sides.pipeline("candidate")
     # First, so that a float16 GradScaler has found its scale before the step must train (at 32 px
     # its initial 65536 overflowed both of the partner's two steps, and an honest step failed).
+    sides.focus("candidate")
     fast.settle()
-    x, y = fast_step.to_device(*next(batches))
-    ok, why = partners.step_trains(fast_step, x, y, steps=2)
-    if ok and x.shape[0] != profile.batch_size:
-        ok, why = False, f"your pipeline's step sees {x.shape[0]} samples, the baseline's {profile.batch_size}"
+    seen = len(fast.fetch())
+    ok, why = trains(fast, steps=2)
+    if ok and seen != profile.batch_size:
+        ok, why = False, f"your pipeline's step sees {seen} samples, the baseline's {profile.batch_size}"
+    sides.focus(None)
+    draws: list[int] = []
+    (naive_call, _), (fast_call, fast_calls) = timed_calls(naive, draws), timed_calls(fast, draws)
 
-    def naive():  # the naive habit: the loss's .item() every step, which waits for the device
-        return naive_timed().item()
+    def naive_habit():  # the naive habit: the loss's .item() every step, which waits for the device
+        return float(naive_call())
 
-    cmp = measure.compare(naive, fast, lab.device, rounds=profile.rounds,
-                          steps_per_round=profile.steps_per_round, warmup=max(1, profile.warmup_steps))
+    with sides.checking():
+        cmp = measure.compare(naive_habit, fast_call, lab.device, rounds=profile.rounds,
+                              steps_per_round=profile.steps_per_round, warmup=max(1, profile.warmup_steps),
+                              focus=sides.focus)
+    sides.focus(None)
     if ok:
-        ok, why = partners.trained_as_fp32(fast, lab.device, lab.seed)
+        ok, why = kept_batches_train_as_fp32(fast, fast_calls, draws, lab)
     # Last, and said in the details: calibrate measures this check with no ladder of 01-05 to
     # check against, and excuses this partner alone (autograder/calibrate.py's _usable).
     ladder_only = ok and bool(lad.missing)
     if ladder_only:
         ok, why = False, "the ladder is incomplete: " + "; ".join(lad.missing)
     result = speed(lab, "06-end-to-end", cmp.speedup.median, correct=ok, why_incorrect=why)
-    config = fast_step.config
-    what = (f"{config.amp_dtype or 'float32'}, channels_last={config.channels_last}, "
-            f"compiled={config.compiled} ({compile_note})")
-    # Its own data wait: a loader's pause shows here directly, whatever else the machine is doing
-    wait_ms = statistics.median(batches.waits_ms)
+    wait_ms = fast.wait_ms()  # its own data wait: a loader's pause shows here, whatever else runs
     return [dataclasses.replace(result, note=(result.note + "; " if result.note else "") +
-                                f"{cmp} (your loader and step: {what}; your loader kept the step "
+                                f"{cmp} (your loader and step: {fast.describe()}; your loader kept the step "
                                 f"waiting {wait_ms:.1f} ms per batch)",
                                 details={**cmp.summary(), "data_wait_ms": wait_ms,
                                          "only_the_ladder_incomplete": ladder_only})]
 
 
+def kept_batches_train_as_fp32(held, calls: list[partners.Call], draws: list[int], lab,
+                               chosen: int = 3) -> tuple[bool, str]:
+    """``chosen`` of ``held``'s timed calls, picked after the timing, trained again here by the lab's
+    fp32 step from the same start on the batch each call kept: each must have trained as that step
+    does (:func:`partners.updates_alike`, at the positions the call's update was read at, ``draws``).
+
+    The calls of one pipeline each saw a batch of their own, so the partner is computed now, on
+    what the call says it trained on; that batch must be the profile's shape. A call the pipeline
+    says a float16 GradScaler skipped must have changed no weight, and is not chosen; more than
+    half skipped fails.
+    """
+    skipped = held.skipped()
+    if not isinstance(skipped, list) or len(skipped) != len(calls):
+        return False, f"your pipeline accounted for {len(skipped) if isinstance(skipped, list) else 'none'} of its {len(calls)} timed calls"
+    for i, (skip, call) in enumerate(zip(skipped, calls)):
+        if skip and bool(call.update.count_nonzero()):
+            return False, f"timed call {i + 1} counts as skipped by the GradScaler, yet it changed the weights"
+    usable = [i for i, skip in enumerate(skipped) if not skip]
+    if len(usable) < len(calls) / 2:
+        return False, (f"the GradScaler skipped {len(calls) - len(usable)} of your {len(calls)} "
+                       "timed steps (their gradients overflowed)")
+    picked = sorted(random.SystemRandom().sample(usable, min(chosen, len(usable))))
+    profile, size = lab.profile, lab.profile.image_size
+    fp32 = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+    start = partners.snapshot(fp32.model)
+    wants = []
+    for i in picked:
+        images, labels = held.kept(index=i)
+        if tuple(images.shape) != (profile.batch_size, 3, size, size) or tuple(labels.shape) != (profile.batch_size,):
+            return False, (f"timed call {i + 1} kept a batch of {tuple(images.shape)} images and "
+                           f"{tuple(labels.shape)} labels, not the profile's ({profile.batch_size}, 3, {size}, {size})")
+        again = partners.FromOneStart(fp32, start, fp32.to_device(images, labels.long()))
+        again.run()
+        wants.append(again.update_at(draws[i]))
+    return partners.updates_alike([calls[i] for i in picked], wants, [n for n, _ in fp32.model.named_parameters()],
+                                  of=f"timed call (sampled after the timing: {', '.join(str(i + 1) for i in picked)} of "
+                                     f"{len(calls)}),", baseline="the lab's fp32 step")
+
+
 @register("06-html")
-def html_report(namespace, lab):
+def html_report(namespace, lab, sides=None):
     """The notebook exported the report: one HTML file, written now, with the ladder table and the plots."""
-    student(namespace, "assemble_ladder", "06")(crafted_results())  # the student's table is in it
+    student(namespace, "assemble_ladder", "06")
+    (sides or Here(namespace, lab)).assemble_ladder(crafted_results())  # the student's table is in it
     path = written_now(report.default_path(), "the export cell of 06 (ls.report.export_html)")
     text = path.read_text(encoding="utf-8", errors="replace")
     found = {"ladder table": 'class="dataframe ladder"' in text,

@@ -19,7 +19,9 @@ checks (the same functions the self-check runs) with the workers' outputs:
   costs its own checks.
 
 The spec (JSON): ``notebook``, ``profile``, ``thresholds``, ``calibration``, ``data``, ``inputs``
-(root's read-only folder with the carried code), ``judged`` (root's folder for what this judge
+(root's read-only folder with the carried code; for 06 also the rungs the verdict processes
+recorded and the report the kernel exported), ``since`` (when the kernel started: the report must
+be newer), ``judged`` (root's folder for what this judge
 keeps: the checks table, the rung and the carried code, for later notebooks), ``out`` (the
 verdict file), ``sandbox`` (the command prefix a worker runs under, empty for none) and ``env``
 (the workers' environment); optionally ``reply_timeout_s`` (:data:`REPLY_TIMEOUT_S`).
@@ -38,23 +40,30 @@ import threading
 import time
 from pathlib import Path
 
-NOTEBOOKS = ("02", "03", "05")  # decided here; the rest by the verdict process (grading/verdict.py) for now
+NOTEBOOKS = ("02", "03", "05", "06")  # decided here; the rest by the verdict process (grading/verdict.py) for now
 # The student's functions each judged notebook calls, by name: the judge asks its worker for them.
 GRADED = {"02": ("make_fast_loader",), "03": ("amp_train_step", "choose_precision"),
-          "05": ("compile_inference", "break_even_steps")}
+          "05": ("compile_inference", "break_even_steps"), "06": ("assemble_ladder",)}
 # Earlier notebooks' carried code a judged notebook's worker loads beside its own (03 and 05: the
 # rung is the student's 03 step, for 05 compiled, fed by their 02 loader; 05 infers in their 03
-# precision).
-EARLIER_CODE = {"02": (), "03": ("02",), "05": ("02", "03")}
+# precision; 06's pipeline is their 02 loader, 03 step and 05 compile choice).
+EARLIER_CODE = {"02": (), "03": ("02",), "05": ("02", "03"), "06": ("02", "03", "05")}
+# Notebooks whose checks read the ladder (every rung recorded so far) and the report the kernel
+# exported: the grader hands the judge its own copies of both (``inputs/rungs``, ``inputs/report.html``).
+READS_LADDER = ("06",)
 
 
 def judges(number: str, profile: str) -> bool:
     """Whether the judge decides notebook ``number`` under ``profile``: 03 and 05 everywhere (only
     losses, sampled updates, weights and logits cross; 05's judge's tests passed on an H200, 03's
-    have not run on a GPU), 02 off CUDA: on a GPU its batches would cross to
-    the judge through host memory (the lab's largest, 157 MB at 160 px), which no loader pays in a
-    notebook; sharing them through CUDA IPC instead is not yet built."""
-    return number in NOTEBOOKS and (number != "02" or not profile.startswith("cuda"))
+    have not run on a GPU); 02 off CUDA and 06 off GPUs. On CUDA, 02's batches would cross to the judge
+    through host memory (the lab's largest, 157 MB at 160 px), which no loader pays in a notebook;
+    sharing them through CUDA IPC instead is not yet built. 06 grades a whole pipeline, whose
+    asynchronous steps (no ``loss.item()`` every step) are part of what it measures, and every
+    reply of a worker waits for its device (a timed call's update crosses on the clock): on a
+    GPU that would take the overlap away from the student's pipeline."""
+    off = {"02": ("cuda",), "06": ("cuda", "mps")}.get(number, ())
+    return number in NOTEBOOKS and not (off and profile.startswith(off))
 
 
 LOG_CHARS = 2000  # of a worker's own output, kept for a failure's message
@@ -63,8 +72,8 @@ LOG_CHARS = 2000  # of a worker's own output, kept for a failure's message
 REPLY_TIMEOUT_S = 300.0
 # Requests that may take long whatever reply_timeout_s says: the worker's start-up (importing
 # torch), a first compiled call (05), the rung's first batch (a loader may decode its split
-# first) and its steps, whose first ones compile.
-SLOW_OPS = ("load", "cold", "rung_batch", "rung_step")
+# first) and its steps, whose first ones compile, and 06's pipeline (its loader, built).
+SLOW_OPS = ("load", "cold", "rung_batch", "rung_step", "pipeline")
 # The judge's OpenMP threads sleep when their work is done rather than spin: mostly the judge waits
 # for a worker, and its spinning threads took the cores from the worker computing. 02's reference
 # loader served a batch in 8 ms in one process, in 21 ms from a worker beside a judge with two
@@ -277,7 +286,30 @@ class Sides:
     def held_step(self, side: str, **config) -> RemoteHeld:
         """03: a training step on one batch, held in ``side``'s worker: fp32's for the baseline, the
         student's ``amp_train_step`` for the candidate (:class:`~.g03_amp.Here`'s arguments)."""
-        return RemoteHeld(self.workers[side], int(self._build(side, "held_step", **config)["handle"]))
+        from .g03_amp import HeldStep
+
+        return RemoteHeld(self.workers[side], int(self._build(side, "held_step", **config)["handle"]), HeldStep.ASKED)
+
+    def pipeline(self, side: str) -> RemoteHeld:
+        """06: a training pipeline held in ``side``'s worker: the naive one for the baseline, the
+        student's composed one for the candidate (:class:`~.g06_report.HeldPipeline`)."""
+        from .g06_report import HeldPipeline
+
+        return RemoteHeld(self.workers[side], int(self._build(side, "pipeline")["handle"]), HeldPipeline.ASKED)
+
+    def assemble_ladder(self, frame):
+        """06: the student's ``assemble_ladder`` on ``frame``, in their worker; the table it returned,
+        rebuilt here from plain values (a StudentCodeError where it is not a DataFrame)."""
+        from . import StudentCodeError
+        from .g06_report import table_from, table_message
+
+        reply = self.workers["candidate"].request("assemble", frame=table_message(frame, rows=1000))
+        if "table" not in reply:
+            raise StudentCodeError(f"assemble_ladder returned a {str(reply.get('type'))[:80]}, not a pandas DataFrame")
+        try:
+            return table_from(reply["table"])
+        except ValueError:
+            raise StudentCodeError("assemble_ladder's table could not be read") from None
 
     def inference(self, side: str, dtype) -> RemoteInference:
         """05: the model on one batch in ``dtype``, in ``side``'s worker: eager for the baseline,
@@ -305,16 +337,15 @@ class RemoteInference:
 
 
 class RemoteHeld:
-    """03's :class:`~labsupport.grading.g03_amp.HeldStep`, held in a worker: each method is a
+    """Something held in a worker (03's :class:`~labsupport.grading.g03_amp.HeldStep`, 06's
+    :class:`~labsupport.grading.g06_report.HeldPipeline`): each of its methods ``asked`` is a
     request, and what it returns comes back as a number or as plain tensors."""
 
-    def __init__(self, worker: Worker, handle: int):
-        self.worker, self.handle = worker, handle
+    def __init__(self, worker: Worker, handle: int, asked: tuple[str, ...]):
+        self.worker, self.handle, self.asked = worker, handle, asked
 
     def __getattr__(self, method: str):
-        from .g03_amp import HeldStep
-
-        if method not in HeldStep.ASKED:
+        if method.startswith("_") or method not in self.asked:
             raise AttributeError(method)
 
         def ask(**args):
@@ -334,15 +365,15 @@ def _stand_in(name: str):
     return refuse
 
 
-# 03's weights and BatchNorm buffers cross whole (ResNet-18's 11.2 M float32 parameters: 45 MB).
+# 03's and 06's weights and BatchNorm buffers cross whole (ResNet-18's 11.2 M float32 parameters: 45 MB).
 MODEL_BYTES = 48 * 2**20
 
 
 def buffer_bytes(profile, number: str = "") -> int:
     """The shared buffer a worker's batch crosses: twice a float32 batch of the profile, 1 MiB more;
-    for 03, at least a model's state."""
+    for 03 and 06, at least a model's state."""
     batch = 2 * profile.batch_size * 3 * profile.image_size ** 2 * 4 + 2**20
-    return max(batch, MODEL_BYTES + 2**20) if number == "03" else batch
+    return max(batch, MODEL_BYTES + 2**20) if number in ("03", "06") else batch
 
 
 def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> dict | None:
@@ -379,7 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     judged = Path(spec["judged"])
     os.environ.update({"LAB_PROFILE": spec["profile"], "LAB_THRESHOLDS": spec["thresholds"],
                        "LAB_CALIBRATION": spec.get("calibration") or os.devnull,
-                       "LAB_RESULTS": str(judged), "LAB_DATA": spec["data"], **QUIET_WAIT})
+                       "LAB_RESULTS": str(judged), "LAB_DATA": spec["data"], **QUIET_WAIT,
+                       # 06's report: root's copy of what the kernel exported, which it must have written
+                       "LAB_REPORT": str(Path(spec["inputs"]) / "report.html"),
+                       "LAB_WRITTEN_SINCE": str(spec.get("since") or 0)})
     started = time.perf_counter()
     import labsupport  # noqa: F401
     from labsupport import grading, hardware
@@ -392,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     if code.is_file():  # root's copy: what later notebooks' verdicts load as this notebook's code
         (judged / "code").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(code, judged / "code" / code.name)
+    # The rungs verdict processes recorded (01, 04), as the grader took them: beside the judges' own.
+    for rung in sorted((Path(spec["inputs"]) / "rungs").glob("*.json")):
+        if not (judged / rung.name).exists():
+            shutil.copyfile(rung, judged / rung.name)
     worker_spec = {"notebook": number, "profile": spec["profile"], "data": spec["data"],
                    "inputs": spec["inputs"]}
     kw = dict(prefix=list(spec.get("sandbox") or []), env=dict(spec["env"]), buffer_bytes=buffer_bytes(lab.profile, number),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import random
 
 import torch
 
@@ -452,29 +451,3 @@ def updates_alike(calls: list[Call], wants: list[torch.Tensor], names: list[str]
                            + (f", and {len(still)} weight tensors barely moved ({', '.join(still[:3])})" if still else "")
                            + ". A step must do the same work whenever it is called, timed or not")
     return True, ""
-
-
-def trained_as_fp32(timed: FromOneStart, device: torch.device, seed: int, calls: int = 3) -> tuple[bool, str]:
-    """``calls`` of ``timed``'s calls, chosen after the timing, trained again by the lab's fp32 step
-    from the same start on the same batches (``timed`` kept them): each must have trained as that
-    step does (:func:`updates_alike`). Where the timed calls each saw a batch of their own (06's
-    pipeline), no baseline call saw the same batch, so the partner makes its own. A call whose
-    step a float16 GradScaler skipped (its scale fell) is not chosen; more than half skipped fails.
-    """
-    from .. import train
-
-    usable = [i for i, call in enumerate(timed.calls) if call.scale is None or bool(call.scale[1] >= call.scale[0])]
-    if len(usable) < len(timed.calls) / 2:
-        return False, (f"the GradScaler skipped {len(timed.calls) - len(usable)} of your {len(timed.calls)} "
-                       "timed steps (their gradients overflowed)")
-    chosen = sorted(random.SystemRandom().sample(usable, min(calls, len(usable))))
-    fp32 = train.make_step(train.StepConfig(), device, seed=seed)
-    wants = []
-    for i in chosen:
-        images, labels = timed.calls[i].batch
-        again = FromOneStart(fp32, timed.start, (images.float().contiguous(), labels))
-        again.run()
-        wants.append(again.update_at(timed.calls[i].where))
-    return updates_alike([timed.calls[i] for i in chosen], wants, timed.names,
-                         of=f"timed call (sampled after the timing: {', '.join(str(i + 1) for i in chosen)} of "
-                            f"{len(timed.calls)}),", baseline="the lab's fp32 step")

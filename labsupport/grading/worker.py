@@ -8,8 +8,8 @@ is either
   from the judge's read-only ``inputs``, beside the earlier notebooks' the judge handed over),
   and builds and runs what the judge asks for with the student's functions; or
 - ``baseline``: it loads no student code at all, and builds the same things with labsupport's
-  own versions (02's naive loader, 03's fp32 step, 05's eager model), so the baseline pays exactly the student's
-  cost of being driven from outside.
+  own versions (02's naive loader, 03's fp32 step, 05's eager model, 06's naive pipeline), so
+  the baseline pays exactly the student's cost of being driven from outside.
 
 Each request is answered by :class:`Served`'s method of its name (``op_<name>``).
 What a worker sends back is numbers: tensors copied into the judge's shared buffer, counts, and
@@ -164,8 +164,6 @@ class Served:
     def op_held_step(self, request) -> dict:
         """03: a training step on the naive loader's first batch, held here: fp32's (baseline), or
         the student's ``amp_train_step`` in their chosen precision or the ``dtype`` asked for."""
-        import dataclasses
-
         from labsupport.grading import g03_amp
 
         if self.student and not callable(self.namespace.get("amp_train_step")):
@@ -178,16 +176,36 @@ class Served:
         held = here.held_step("candidate" if self.student else "baseline", dtype=dtype, **kw)
         return {"handle": self.keep(held)}
 
+    def op_pipeline(self, request) -> dict:
+        """06: the naive pipeline (baseline), or the student's composed one: their 02 loader feeding
+        their 03 step, compiled as their 05 chose (:class:`~labsupport.grading.g06_report.HeldPipeline`)."""
+        from labsupport.grading import g06_report
+
+        side = "candidate" if self.student else "baseline"
+        return {"handle": self.keep(g06_report.Here(self.namespace, self.lab).pipeline(side))}
+
+    def op_assemble(self, request) -> dict:
+        """06: the student's ``assemble_ladder`` on the results the judge sent, its table as plain values."""
+        import pandas as pd
+
+        from labsupport.grading import g06_report
+
+        table = self.mine("assemble_ladder")(g06_report.table_from(request.get("frame")))
+        if not isinstance(table, pd.DataFrame):
+            return {"type": type(table).__name__}
+        return {"table": g06_report.table_message(table)}
+
     def op_held(self, request) -> dict:
-        """One of :class:`~labsupport.grading.g03_amp.HeldStep`'s methods (``ASKED``) on a held step,
+        """One of the methods a held object offers (its class's ``ASKED``: 03's
+        :class:`~labsupport.grading.g03_amp.HeldStep`, 06's :class:`~labsupport.grading.g06_report.HeldPipeline`),
         finished on its device: a number, or tensors copied for the judge."""
         import torch
 
         from labsupport import measure
-        from labsupport.grading import g03_amp, wire
+        from labsupport.grading import g03_amp, g06_report, wire
 
-        held, method = self.objects[int(request["handle"])], request.get("method")
-        if not isinstance(held, g03_amp.HeldStep) or method not in g03_amp.HeldStep.ASKED:
+        held, method = self.objects.get(int(request["handle"])), request.get("method")
+        if not isinstance(held, (g03_amp.HeldStep, g06_report.HeldPipeline)) or method not in type(held).ASKED:
             raise ValueError(f"no method {method!r} to ask of object {request['handle']}")
         args = request.get("args") or {}
         value = getattr(held, method)(**{k: v for k, v in args.items() if isinstance(v, (int, float, str))})
