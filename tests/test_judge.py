@@ -648,3 +648,56 @@ def test_06_what_a_pipeline_says_of_its_timed_calls_is_checked_in_the_judge():
     assert not ok and "kept a batch of" in why, why
     ok, why = kept_batches_train_as_fp32(Pipeline([False] * 3, torch.zeros(b, 3, s, s)), calls, [1, 2, 3, 4], lab)
     assert not ok and "accounted for 3 of its 4" in why, why
+
+
+# 01 --------------------------------------------------------------------------------------------
+
+def _trace_01(path: Path) -> None:
+    """A Chrome trace as 01's profiler cell writes it, cut to what 01's checks read: one profiled
+    step, its five phases labelled in order, each around the work it names."""
+    events, t = [{"name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000}], 10
+    work = {"forward": "aten::conv2d", "backward": "ConvolutionBackward0", "optimizer": "Optimizer.step#SGD.step"}
+    for phase in ("data wait", "host to device", "forward", "backward", "optimizer"):
+        events.append({"name": phase, "cat": "user_annotation", "ts": t, "dur": 100})
+        if phase in work:
+            events.append({"name": work[phase], "cat": "cpu_op", "ts": t + 10, "dur": 50})
+        t += 150
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"traceEvents": events}))
+
+
+def test_01_reference_is_judged_correct_in_its_worker(tmp_path, tiny_data, reference_code):
+    """01 decided by the judge, with no baseline worker: the reference's timer, diagnosis and
+    top operators called in the student's worker; this machine's phase breakdown and 01's rung
+    measured by the judge itself; the trace read from root's copy of what the kernel wrote."""
+    _trace_01(tmp_path / "inputs" / "traces" / "01-trace.json")
+    verdict = judge(tmp_path, tiny_data, reference_code["01"], notebook="01")
+    assert verdict["judge"] and not verdict["problems"], verdict
+    assert statuses(verdict) == {"01-throughput-error": "pass", "01-throughput-sync": "n/a", "01-diagnose": "pass",
+                                 "01-trace": "pass", "01-phases-labelled": "pass", "01-top-operators": "pass"}, \
+        verdict["checks"]
+    assert verdict["rung"] > 0 and (tmp_path / "judged" / "01-baseline.json").is_file(), verdict
+
+
+def test_01_a_halved_timer_with_a_workload_slowed_to_agree_fails_its_check(tmp_path, tiny_data, reference_code):
+    """A timer that reports half the time, with carried code that makes labsupport's known workload
+    sleep half as long in the student's worker, so that its own record of its calls agrees: a
+    20 ms sleep cannot take 10 ms, and the timer's check fails saying so. The rest keep their points."""
+    code = reference_code["01"] + """
+
+from labsupport.grading import g01_profile as _g01
+
+_honest_timer, _honest_sleep = measure_throughput, _g01._sleep
+_g01._sleep = lambda seconds: _honest_sleep(seconds / 2)
+
+
+def measure_throughput(step, device, *, warmup, steps, samples_per_step):
+    return _honest_timer(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)
+"""
+    _trace_01(tmp_path / "inputs" / "traces" / "01-trace.json")
+    verdict = judge(tmp_path, tiny_data, code, notebook="01")
+    timer = verdict["checks"]["01-throughput-error"]
+    assert timer["status"] == "fail" and "not what its sleeps can take" in timer["note"], timer
+    assert statuses(verdict) == {"01-throughput-error": "fail", "01-throughput-sync": "n/a", "01-diagnose": "pass",
+                                 "01-trace": "pass", "01-phases-labelled": "pass", "01-top-operators": "pass"}, \
+        verdict["checks"]

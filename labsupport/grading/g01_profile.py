@@ -9,6 +9,12 @@
   ``*_backward`` operators, the optimizer its update).
 - ``01-top-operators``: ``top_operators`` reads the operators taking the most self time from
   ``key_averages()``, as the profiler's own table sorts them, on a profile taken now.
+
+Each check is written once, against ``sides``: :class:`Here` calls the student's functions in this
+process (the notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which
+calls them in the student's worker and gets back what they returned, as plain values. What the
+checks measure themselves (this machine's phase breakdown, the CUDA reference timing) is measured
+where the check runs: in the judge, by the judge.
 """
 
 from __future__ import annotations
@@ -42,21 +48,105 @@ class _KnownWorkload:
         self.took_ms.append((_clock() - start) * 1000)
 
 
-@register("01-throughput-error")
-def throughput(namespace, lab):
-    """The student's measure_throughput agrees with the calls it timed: their median, p95 and
-    images/s, from the known workload's own record of each call (the warm-up calls left out)."""
-    fn = student(namespace, "measure_throughput", "01")
-    warmup, steps, samples = 3, 20, 32
-    workload = _KnownWorkload(warmup)
-    got = fn(workload, lab.device, warmup=warmup, steps=steps, samples_per_step=samples)
-    missing = {"images_per_s", "median_ms", "p50_ms", "p95_ms", "p99_ms"} - set(got or {})
+THROUGHPUT_KEYS = ("images_per_s", "median_ms", "p50_ms", "p95_ms", "p99_ms")
+
+
+def _timer_answer(got) -> dict[str, float]:
+    """What ``measure_throughput`` returned, as the five numbers it must hold (else a StudentCodeError)."""
+    missing = set(THROUGHPUT_KEYS) - set(got if isinstance(got, dict) else {})
     if missing:
         raise StudentCodeError(f"measure_throughput must return a dict with {', '.join(sorted(missing))}")
-    if len(workload.took_ms) != warmup + steps:
-        raise StudentCodeError(f"measure_throughput called step {len(workload.took_ms)} times; with warmup={warmup} "
+    try:
+        return {key: float(got[key]) for key in THROUGHPUT_KEYS}
+    except (TypeError, ValueError):
+        raise StudentCodeError("measure_throughput must return numbers for "
+                               f"{', '.join(THROUGHPUT_KEYS)}") from None
+
+
+class Here:
+    """The student's 01 functions, called in this process (the notebook's self-check); the grader's
+    judge passes its own ``sides``, which calls them in the student's worker."""
+
+    def __init__(self, namespace: dict, lab):
+        self.namespace, self.lab = namespace, lab
+
+    def timed_workload(self, workload: str, *, warmup: int, steps: int, samples: int) -> tuple[dict, list[float], float]:
+        """``measure_throughput`` on a workload (``"known"``: :class:`_KnownWorkload`; ``"none"``:
+        a call that does nothing; ``"matmul"``: :func:`_queued_matmuls`): ``(what it returned, how long
+        each call of the workload took by its own record, the seconds the whole call took)``."""
+        fn = student(self.namespace, "measure_throughput", "01")
+        work = {"known": lambda: _KnownWorkload(warmup), "none": lambda: _Nothing(),
+                "matmul": lambda: _queued_matmuls(self.lab.device)}[workload]()
+        start = _clock()
+        got = fn(work, self.lab.device, warmup=warmup, steps=steps, samples_per_step=samples)
+        return _timer_answer(got), list(getattr(work, "took_ms", [])), _clock() - start
+
+    def focus(self, side: str | None) -> None:
+        pass
+
+    def diagnose(self, breakdowns: list[dict[str, float]]) -> list[str]:
+        fn = student(self.namespace, "diagnose", "01")
+        return [_answer(fn(dict(b))) for b in breakdowns]
+
+    def top_operators(self, case: str) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+        """``top_operators`` on a profile taken now (``"crafted"``: :func:`_decoy_workload` on the CPU,
+        top 3; ``"step"``: the naive step on the lab's device, top 5): ``(its answer, the profile's
+        table: each operator and its self time in µs as the table counts it)``."""
+        fn = student(self.namespace, "top_operators", "01")
+        device, n = (torch.device("cpu"), 3) if case == "crafted" else (self.lab.device, 5)
+        averages = _profiled(_decoy_workload() if case == "crafted" else _naive_step(self.lab), device)
+        got = fn(averages, device, n)
+        try:
+            got = [(str(name)[:200], float(ms)) for name, ms in list(got)[:50]]
+        except (TypeError, ValueError):
+            raise StudentCodeError(f"top_operators must return a list of (operator name, self ms) pairs, "
+                                   f"largest first; it returned {type(got).__name__}") from None
+        return got, [(e.key, float(_self_time_us(e, device))) for e in averages]
+
+
+def _answer(value) -> str:
+    """A diagnosis as the judge compares it: the text of what ``diagnose`` returned (at most 80 characters)."""
+    return value[:80] if isinstance(value, str) else f"<{type(value).__name__}>"
+
+
+class _Nothing:
+    """A call that does nothing (01's sync check off CUDA: the timer must still run and answer)."""
+
+    def __call__(self) -> None:
+        pass
+
+
+def _queued_matmuls(device: torch.device) -> Callable[[], None]:
+    """Work queued asynchronously on CUDA: the host returns long before the GPU is done."""
+    a = torch.randn(4096, 4096, device=device)
+
+    def work():
+        for _ in range(16):
+            a @ a
+    return work
+
+
+@register("01-throughput-error")
+def throughput(namespace, lab, sides=None):
+    """The student's measure_throughput agrees with the calls it timed: their median, p95 and
+    images/s, from the known workload's own record of each call (the warm-up calls left out).
+
+    Where the record comes from the student's worker, it is checked against what a sleep can
+    take: no call shorter than it sleeps, and all of them together no longer than the judge saw
+    the request take."""
+    student(namespace, "measure_throughput", "01")
+    sides = sides or Here(namespace, lab)
+    warmup, steps, samples = 3, 20, 32
+    got, took_ms, seconds = sides.timed_workload("known", warmup=warmup, steps=steps, samples=samples)
+    if len(took_ms) != warmup + steps:
+        raise StudentCodeError(f"measure_throughput called step {len(took_ms)} times; with warmup={warmup} "
                                f"and steps={steps} it calls it {warmup + steps} times (the first {warmup} untimed)")
-    ref = measure.StepTimes(tuple(workload.took_ms[warmup:]), samples, "host-clock", torch.get_num_threads())
+    slept = [100.0] * warmup + [20.0] * steps
+    if any(not (t >= 0.98 * s) for t, s in zip(took_ms, slept)) or sum(took_ms) > 1000 * seconds + 1.0:
+        raise StudentCodeError("the known workload's record of its calls is not what its sleeps can take "
+                               f"(each at least {slept[-1]:.0f} ms, {sum(slept) / 1000:.2f} s in all; the call "
+                               f"took {seconds:.2f} s): graded code must not change labsupport's workload")
+    ref = measure.StepTimes(tuple(took_ms[warmup:]), samples, "host-clock", torch.get_num_threads())
     errors = {
         "median_ms": got["median_ms"] / ref.median_ms - 1,
         "p95_ms": got["p95_ms"] / ref.percentile_ms(95) - 1,
@@ -69,22 +159,18 @@ def throughput(namespace, lab):
 
 
 @register("01-throughput-sync")
-def throughput_sync(namespace, lab):
-    """On CUDA, measure_throughput times the kernels, not their launches (synchronises)."""
-    fn = student(namespace, "measure_throughput", "01")
+def throughput_sync(namespace, lab, sides=None):
+    """On CUDA, measure_throughput times the kernels, not their launches (synchronises). The
+    reference timing (CUDA events) is taken where the check runs, on the same work."""
+    student(namespace, "measure_throughput", "01")
+    sides = sides or Here(namespace, lab)
     if lab.device.type != "cuda":
         # Not applicable here, but the function must still run and answer (no free points).
-        got = fn(lambda: None, lab.device, warmup=1, steps=3, samples_per_step=1)
-        if not isinstance(got, dict) or "median_ms" not in got:
-            raise StudentCodeError("measure_throughput must return a dict with median_ms")
+        sides.timed_workload("none", warmup=1, steps=3, samples=1)
         return [judge("01-throughput-sync", None, lab.machine.as_dict())]
-    a = torch.randn(4096, 4096, device=lab.device)
-
-    def work():  # queued asynchronously: the host returns long before the GPU is done
-        for _ in range(16):
-            a @ a
-    ref = measure.time_steps(work, lab.device, warmup=3, steps=20)
-    got = fn(work, lab.device, warmup=3, steps=20, samples_per_step=1)
+    sides.focus(None)
+    ref = measure.time_steps(_queued_matmuls(lab.device), lab.device, warmup=3, steps=20)
+    got, _, _ = sides.timed_workload("matmul", warmup=3, steps=20, samples=1)
     ratio = got["median_ms"] / ref.median_ms
     return [judge("01-throughput-sync", ratio, lab.machine.as_dict(),
                           note=f"yours {got['median_ms']:.2f} ms vs CUDA events {ref.median_ms:.2f} ms")]
@@ -110,15 +196,19 @@ def _bottleneck(breakdown: dict[str, float]) -> str:
 
 
 @register("01-diagnose")
-def diagnose(namespace, lab):
-    """diagnose() names the right bottleneck on crafted breakdowns and on this machine, measured now."""
-    fn = student(namespace, "diagnose", "01")
+def diagnose(namespace, lab, sides=None):
+    """diagnose() names the right bottleneck on crafted breakdowns and on this machine, measured now
+    (by the check, where it runs: in the grader, by the judge)."""
+    student(namespace, "diagnose", "01")
+    sides = sides or Here(namespace, lab)
+    sides.focus(None)
     step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
     batches = pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed))
     per_step = train.phase_breakdown(batches, step, steps=3, warmup=1)
     here = {p: float(np.median(v)) for p, v in per_step.items()}
     cases = [*_CASES, (here, _bottleneck(here))]
-    wrong = [(b, want, got) for b, want in cases if (got := fn(dict(b))) != want]
+    answers = sides.diagnose([b for b, _ in cases])
+    wrong = [(b, want, got) for (b, want), got in zip(cases, answers) if got != want]
     note = "; ".join(f"{({k: round(v, 1) for k, v in b.items()})} is {want!r}, you said {got!r}"
                      for b, want, got in wrong[:2])
     return [judge("01-diagnose", 1 - len(wrong) / len(cases), lab.machine.as_dict(),
@@ -126,7 +216,7 @@ def diagnose(namespace, lab):
 
 
 @register("01-trace", "01-phases-labelled")
-def trace(namespace, lab):
+def trace(namespace, lab, sides=None):
     """results/traces/01-trace.json was written by this kernel, parses, holds convolution events,
     and labels each phase of a step (train.PHASES) with record_function."""
     path = written_now(results.results_dir() / "traces" / "01-trace.json", "the torch.profiler cell of 01")
@@ -237,36 +327,45 @@ def _profiled(fn: Callable[[], object], device: torch.device, steps: int = 1):
     return prof.key_averages()
 
 
-def _top_operators_problem(fn: Callable, averages, device: torch.device, n: int, what: str) -> str:
-    """Why ``fn(averages, device, n)`` is not the profiler's top ``n`` by self time ("" if it is)."""
-    want = sorted(averages, key=lambda e: _self_time_us(e, device), reverse=True)[:n]
-    got = fn(averages, device, n)
-    try:
-        got = [(str(name), float(ms)) for name, ms in got]
-    except (TypeError, ValueError):
-        raise StudentCodeError(f"top_operators must return a list of (operator name, self ms) pairs, "
-                               f"largest first; it returned {type(got).__name__}") from None
-    names = [e.key for e in want]
+def _naive_step(lab) -> Callable[[], object]:
+    """The lab's fp32 step on the naive loader's next batch (01's profiled step)."""
+    step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+    return train.pipeline_step(pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed)), step)
+
+
+# What each profile's table must hold, whoever took it: the crafted work's matrix product and
+# multiplications, the step's convolutions (a table from the student's worker is its word).
+_PROFILE_HOLDS = {"crafted": ("aten::addmm", "aten::mul"), "step": ("conv",)}
+
+
+def _top_operators_problem(got: list[tuple[str, float]], table: list[tuple[str, float]], n: int, what: str) -> str:
+    """Why ``got`` is not the top ``n`` of ``table`` (operator, self µs) by self time ("" if it is)."""
+    want = sorted(table, key=lambda e: e[1], reverse=True)[:n]
+    names = [key for key, _ in want]
     if [name for name, _ in got] != names:
         return f"{what}: the table's top {n} by self time are {names}, you named {[name for name, _ in got]}"
-    for (name, ms), event in zip(got, want):
-        table_ms = _self_time_us(event, device) / 1000
+    for (name, ms), (_, us) in zip(got, want):
+        table_ms = us / 1000
         if abs(ms - table_ms) > max(0.01 * table_ms, 1e-3):
             return f"{what}: {name} has {table_ms:.3f} ms of self time in the table, you said {ms:.3f} ms"
     return ""
 
 
 @register("01-top-operators")
-def top_operators(namespace, lab):
+def top_operators(namespace, lab, sides=None):
     """top_operators() names the operators with the most self time, as key_averages() counts them,
     on a crafted profile (where total time ranks differently) and on the step, profiled now."""
-    fn = student(namespace, "top_operators", "01")
-    step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
-    run_step = train.pipeline_step(pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed)), step)
-    cases = [(_profiled(_decoy_workload(), torch.device("cpu")), torch.device("cpu"), 3, "a crafted profile"),
-             (_profiled(run_step, lab.device), lab.device, 5, "the naive step, profiled now")]
-    problems = [p for p in (_top_operators_problem(fn, *case) for case in cases) if p]
-    return [judge("01-top-operators", 1 - len(problems) / len(cases), lab.machine.as_dict(),
+    student(namespace, "top_operators", "01")
+    sides = sides or Here(namespace, lab)
+    problems = []
+    for case, n, what in (("crafted", 3, "a crafted profile"), ("step", 5, "the naive step, profiled now")):
+        got, table = sides.top_operators(case)
+        keys = " ".join(key.lower() for key, _ in table)
+        lacking = [k for k in _PROFILE_HOLDS[case] if k not in keys]
+        if lacking:
+            raise StudentCodeError(f"{what}: the profile holds no {', '.join(lacking)}: graded code must not "
+                                   "change the profiler or labsupport's workloads")
+        problems.append(_top_operators_problem(got, table, n, what))
+    problems = [p for p in problems if p]
+    return [judge("01-top-operators", 1 - len(problems) / 2, lab.machine.as_dict(),
                   note="; ".join(problems) or "the profiler's top operators by self time, on both profiles")]
-
-

@@ -40,23 +40,27 @@ import threading
 import time
 from pathlib import Path
 
-NOTEBOOKS = ("02", "03", "05", "06")  # decided here; the rest by the verdict process (grading/verdict.py) for now
+NOTEBOOKS = ("01", "02", "03", "05", "06")  # decided here; the rest by the verdict process (grading/verdict.py) for now
 # The student's functions each judged notebook calls, by name: the judge asks its worker for them.
-GRADED = {"02": ("make_fast_loader",), "03": ("amp_train_step", "choose_precision"),
-          "05": ("compile_inference", "break_even_steps"), "06": ("assemble_ladder",)}
+GRADED = {"01": ("measure_throughput", "diagnose", "top_operators"), "02": ("make_fast_loader",),
+          "03": ("amp_train_step", "choose_precision"), "05": ("compile_inference", "break_even_steps"),
+          "06": ("assemble_ladder",)}
+# Notebooks compared with a baseline that a worker of its own serves (01 has none: its checks
+# measure what they compare with themselves, in the judge, and 01's rung is the naive step's).
+BASELINE = ("02", "03", "05", "06")
 # Earlier notebooks' carried code a judged notebook's worker loads beside its own (03 and 05: the
 # rung is the student's 03 step, for 05 compiled, fed by their 02 loader; 05 infers in their 03
 # precision; 06's pipeline is their 02 loader, 03 step and 05 compile choice).
-EARLIER_CODE = {"02": (), "03": ("02",), "05": ("02", "03"), "06": ("02", "03", "05")}
+EARLIER_CODE = {"01": (), "02": (), "03": ("02",), "05": ("02", "03"), "06": ("02", "03", "05")}
 # Notebooks whose checks read the ladder (every rung recorded so far) and the report the kernel
 # exported: the grader hands the judge its own copies of both (``inputs/rungs``, ``inputs/report.html``).
 READS_LADDER = ("06",)
 
 
 def judges(number: str, profile: str) -> bool:
-    """Whether the judge decides notebook ``number`` under ``profile``: 03 and 05 everywhere (only
-    losses, sampled updates, weights and logits cross; 05's judge's tests passed on an H200, 03's
-    have not run on a GPU); 02 off CUDA and 06 off GPUs. On CUDA, 02's batches would cross to the judge
+    """Whether the judge decides notebook ``number`` under ``profile``: 01, 03 and 05 everywhere
+    (only losses, sampled updates, weights, logits, timings and profiler tables cross; 05's
+    judge's tests passed on an H200, 01's and 03's have not run on a GPU); 02 off CUDA and 06 off GPUs. On CUDA, 02's batches would cross to the judge
     through host memory (the lab's largest, 157 MB at 160 px), which no loader pays in a notebook;
     sharing them through CUDA IPC instead is not yet built. 06 grades a whole pipeline, whose
     asynchronous steps (no ``loss.item()`` every step) are part of what it measures, and every
@@ -219,10 +223,10 @@ class Sides:
         """Let ``side`` run and stop the other ("candidate", "baseline"; None lets both run)."""
         self.side = side
         for name, worker in self.workers.items():
-            if name != side and side is not None:
+            if name != side and side is not None and worker:
                 worker.pause(True)
         for name, worker in self.workers.items():
-            if name == side or side is None:
+            if (name == side or side is None) and worker:
                 worker.pause(False)
 
     @contextlib.contextmanager
@@ -289,6 +293,41 @@ class Sides:
         from .g03_amp import HeldStep
 
         return RemoteHeld(self.workers[side], int(self._build(side, "held_step", **config)["handle"]), HeldStep.ASKED)
+
+    def timed_workload(self, workload: str, *, warmup: int, steps: int, samples: int) -> tuple[dict, list, float]:
+        """01: the student's ``measure_throughput`` on a workload in their worker
+        (:meth:`~.g01_profile.Here.timed_workload`); the seconds are the judge's, around the request."""
+        from . import StudentCodeError
+        from .g01_profile import _timer_answer
+
+        started = time.perf_counter()
+        reply = self.workers["candidate"].request("timed_workload", workload=workload, warmup=warmup, steps=steps,
+                                                  samples=samples)
+        seconds = time.perf_counter() - started
+        took = reply.get("took_ms")
+        if not isinstance(took, list) or not all(isinstance(t, (int, float)) for t in took):
+            raise StudentCodeError("the workload's record of its calls did not come back")
+        return _timer_answer(reply.get("got")), [float(t) for t in took], seconds
+
+    def diagnose(self, breakdowns: list[dict]) -> list[str]:
+        """01: the student's ``diagnose`` on each breakdown, in their worker (each answer as text)."""
+        answers = self.workers["candidate"].request("diagnose", breakdowns=breakdowns).get("answers")
+        if not isinstance(answers, list) or len(answers) != len(breakdowns):
+            raise WorkerError("diagnose's answers did not come back")
+        return [str(a)[:80] for a in answers]
+
+    def top_operators(self, case: str) -> tuple[list, list]:
+        """01: the student's ``top_operators`` on a profile their worker takes now
+        (:meth:`~.g01_profile.Here.top_operators`): its answer and the profile's table."""
+        from . import StudentCodeError
+
+        reply = self.workers["candidate"].request("top_operators", case=case)
+        try:
+            got = [(str(name), float(ms)) for name, ms in reply["got"]]
+            table = [(str(key), float(us)) for key, us in reply["table"]]
+        except (KeyError, TypeError, ValueError):
+            raise StudentCodeError("top_operators' answer or its profile did not come back as (name, time) pairs") from None
+        return got, table
 
     def pipeline(self, side: str) -> RemoteHeld:
         """06: a training pipeline held in ``side``'s worker: the naive one for the baseline, the
@@ -426,10 +465,13 @@ def main(argv: list[str] | None = None) -> int:
     if code.is_file():  # root's copy: what later notebooks' verdicts load as this notebook's code
         (judged / "code").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(code, judged / "code" / code.name)
-    # The rungs verdict processes recorded (01, 04), as the grader took them: beside the judges' own.
+    # The rungs verdict processes recorded (04), as the grader took them: beside the judges' own.
     for rung in sorted((Path(spec["inputs"]) / "rungs").glob("*.json")):
         if not (judged / rung.name).exists():
             shutil.copyfile(rung, judged / rung.name)
+    for trace in sorted((Path(spec["inputs"]) / "traces").glob("*.json")):  # 01's, as its kernel wrote it
+        (judged / "traces").mkdir(exist_ok=True)
+        shutil.copy2(trace, judged / "traces" / trace.name)  # keeps when the kernel wrote it
     worker_spec = {"notebook": number, "profile": spec["profile"], "data": spec["data"],
                    "inputs": spec["inputs"]}
     kw = dict(prefix=list(spec.get("sandbox") or []), env=dict(spec["env"]), buffer_bytes=buffer_bytes(lab.profile, number),
@@ -437,10 +479,11 @@ def main(argv: list[str] | None = None) -> int:
     if not code.is_file():  # nothing carried: every check fails on its missing function, no worker needed
         _decide(number, grading.run(number, {}, lab=lab, keep=False), out)
     else:
-        with Worker("student", worker_spec, **kw) as student, Worker("baseline", worker_spec, **kw) as baseline:
+        with Worker("student", worker_spec, **kw) as student, \
+                (Worker("baseline", worker_spec, **kw) if number in BASELINE else contextlib.nullcontext()) as baseline:
             sides = Sides(student, baseline)
             loaded, names = "", []
-            for worker in (student, baseline):
+            for worker in (student, baseline) if baseline else (student,):
                 try:
                     names += worker.request("load")["names"]
                 except WorkerError as err:

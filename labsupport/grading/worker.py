@@ -9,7 +9,8 @@ is either
   and builds and runs what the judge asks for with the student's functions; or
 - ``baseline``: it loads no student code at all, and builds the same things with labsupport's
   own versions (02's naive loader, 03's fp32 step, 05's eager model, 06's naive pipeline), so
-  the baseline pays exactly the student's cost of being driven from outside.
+  the baseline pays exactly the student's cost of being driven from outside. 01 has no baseline
+  worker: what its checks compare with, they measure in the judge.
 
 Each request is answered by :class:`Served`'s method of its name (``op_<name>``).
 What a worker sends back is numbers: tensors copied into the judge's shared buffer, counts, and
@@ -175,6 +176,31 @@ class Served:
             raise ValueError(f"no training precision {dtype!r}")
         held = here.held_step("candidate" if self.student else "baseline", dtype=dtype, **kw)
         return {"handle": self.keep(held)}
+
+    def _here_01(self):
+        from labsupport.grading import g01_profile
+
+        if not self.student:
+            raise PermissionError("the baseline's worker holds no student code (01)")
+        return g01_profile.Here(self.namespace, self.lab)
+
+    def op_timed_workload(self, request) -> dict:
+        """01: the student's ``measure_throughput`` on a workload; what it returned, and the
+        workload's record of each call (the judge times the request itself)."""
+        got, took_ms, _ = self._here_01().timed_workload(
+            str(request["workload"]), warmup=int(request["warmup"]), steps=int(request["steps"]),
+            samples=int(request["samples"]))
+        return {"got": got, "took_ms": took_ms[:1000]}
+
+    def op_diagnose(self, request) -> dict:
+        """01: the student's ``diagnose`` on each breakdown the judge sent."""
+        breakdowns = [{str(k): float(v) for k, v in b.items()} for b in request["breakdowns"]]
+        return {"answers": self._here_01().diagnose(breakdowns)}
+
+    def op_top_operators(self, request) -> dict:
+        """01: the student's ``top_operators`` on a profile taken here now, and that profile's table."""
+        got, table = self._here_01().top_operators(str(request["case"]))
+        return {"got": got[:50], "table": [(key[:120], us) for key, us in table[:400]]}
 
     def op_pipeline(self, request) -> dict:
         """06: the naive pipeline (baseline), or the student's composed one: their 02 loader feeding
