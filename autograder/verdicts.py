@@ -82,7 +82,7 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     taken = {}  # where in inputs a file goes, where not under its own name
     if judged and number in judging.READS_LADDER:
         # 06 judges the report its kernel exported, and the ladder: the judges' rungs are root's
-        # own; the verdict processes' (01, 04) are taken from the store they wrote.
+        # own; a verdict process's (02's on CUDA) is taken from the store it wrote.
         wanted.append((dirs.report, "report.html"))
         for nb in notebooks.rungs():
             if not (dirs.judged / f"{nb.stage}.json").is_file():

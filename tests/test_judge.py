@@ -701,3 +701,58 @@ def measure_throughput(step, device, *, warmup, steps, samples_per_step):
     assert statuses(verdict) == {"01-throughput-error": "fail", "01-throughput-sync": "n/a", "01-diagnose": "pass",
                                  "01-trace": "pass", "01-phases-labelled": "pass", "01-top-operators": "pass"}, \
         verdict["checks"]
+
+
+# 04 --------------------------------------------------------------------------------------------
+
+STATUSES_04 = {"04-grad-match": "pass", "04-activation-ratio": "pass", "04-peak-ratio": "n/a",
+               "04-fits-budget": "pass", "04-time-overhead": "n/a", "04-accum-match": "pass"}
+
+
+def test_04_reference_is_judged_correct_in_its_workers(tmp_path, tiny_data, reference_code):
+    """04 decided by the judge: the reference's checkpointing and accumulation in its worker, the
+    plain step in the baseline's; gradients, statistics, byte counts and each timed call's update
+    come back; the large batch's gradients are the judge's own. The rung (their checkpointing
+    around their 03 step, fed by their 02 loader, at twice the batch) is timed from the judge, its
+    peak counted in the worker."""
+    verdict = judge(tmp_path, tiny_data, reference_code["04"], notebook="04",
+                    earlier={n: reference_code[n] for n in ("02", "03")})
+    assert verdict["judge"] and not verdict["problems"], verdict
+    assert statuses(verdict) == STATUSES_04, verdict["checks"]
+    from labsupport.hardware import PROFILES
+
+    record = json.loads((tmp_path / "judged" / "04-memory.json").read_text())
+    rung = record["metrics"]
+    assert rung["timed_by"] == "the grader's judge, from outside" and rung["peak_bytes"] > 0, rung
+    assert rung["batch_size"] == record["profile"]["batch_size"] == 2 * PROFILES["tiny"].batch_size, record
+    assert verdict["rung"] > 0, verdict
+
+
+def test_04_a_checkpointing_that_stops_recomputing_after_its_first_calls_loses_the_overhead_only(
+        tmp_path, tiny_data, reference_code):
+    """A checkpointed network honest for its first forwards, then running its segments plainly
+    (no recomputation: cheaper, and the same gradients): every timed call's convolutions are
+    counted where it runs, against an untimed call's, so it fails the overhead check as incorrect,
+    and nothing else."""
+    code = reference_code["04"] + """
+
+_honest_wrap = checkpointed
+
+
+def checkpointed(model, segments):
+    honest = _honest_wrap(model, segments)
+
+    class _Tiring(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.honest, self.calls = honest, 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.honest(x) if self.calls <= 7 else model(x)
+    return _Tiring()
+"""
+    verdict = judge(tmp_path, tiny_data, code, notebook="04", earlier={n: reference_code[n] for n in ("02", "03")})
+    overhead = verdict["checks"]["04-time-overhead"]
+    assert overhead["status"] == "fail" and "convolutions" in overhead["note"], overhead
+    assert statuses(verdict) == {**STATUSES_04, "04-time-overhead": "fail"}, verdict["checks"]

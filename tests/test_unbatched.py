@@ -12,7 +12,8 @@ graded here instead:
 - the notebooks it hands in before this one are carried forward, as their checks would have kept
   them (what the later checks use: 03's precision and step, 05's compile);
 - this notebook's graded solution cells run in a namespace, and are carried too; the checks run on
-  the carried code, as in the verdict process (labsupport/grading/verdict.py);
+  the carried code in one process (the same checks the grader's judge runs against its workers,
+  tests/test_judge.py);
 - the test cells are scored as the grader scores them (verdicts.score: its decision on each check a
   cell requires, from the measurement and this machine's bar), and the cells that
   score 0 must be exactly LOSES[scenario][notebook], the batch's own table.

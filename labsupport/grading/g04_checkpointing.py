@@ -7,15 +7,26 @@
   step's from there and counted (its convolutions, recomputation included, as an untimed call's).
 - ``04-accum-match``: the model sees k micro-batches, which give the large batch's gradients and one
   optimizer update, and (at the real scale) lower the step's peak memory.
+
+Each check is written once, against ``sides``: :class:`Here` holds the steps in this process (the
+notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which holds the
+student's checkpointed step and accumulation in a worker of their own and the plain step in
+another, and gets back numbers and tensors (what :class:`HeldCheckpoint` and
+:class:`HeldAccumulation` answer). The accumulation's large-batch gradients and its float32
+floor are computed where the check runs: in the grader, by the judge.
 """
 
 from __future__ import annotations
+
+import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
 
 from .. import measure, memory, train
 from . import StudentCodeError, judge, one_batch, partners, register, speed, student
+from .g03_amp import timed_calls
 
 
 def segments_of(namespace) -> int:
@@ -27,46 +38,181 @@ def segments_of(namespace) -> int:
     return segments
 
 
-@register("04-grad-match", "04-activation-ratio", "04-peak-ratio", "04-fits-budget", "04-time-overhead")
-def checkpointing(namespace, lab):
-    """Checkpointing keeps the gradients, halves what the forward holds, fits the larger batch, at a bounded cost."""
-    wrap = student(namespace, "checkpointed", "04")
-    segments = segments_of(namespace)
-    machine, batch = lab.machine.as_dict(), lab.profile.batch_size
-    images, labels = one_batch(lab, batch_size=2 * batch)
-    images, labels = images.to(lab.device), labels.to(lab.device)
-    small_x, small_y = images[:batch], labels[:batch]
+class HeldCheckpoint:
+    """A training step of 04 and its batch, held where the step runs; what a check may ask of it.
 
-    plain = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
-    model = train.build_model(seed=lab.seed)
-    ckpt = train.TrainStep(model, train.StepConfig(), lab.device, net=wrap(model, segments))
+    The baseline is the lab's plain fp32 step; the candidate the same seeded network wrapped by
+    the student's ``checkpointed(model, SEGMENTS)``. ``images`` is the naive loader's first batch
+    at twice the profile's batch size (unaugmented: the same in every process); its first half is
+    the small batch the checks compare on. The self-check holds both here (:class:`Here`); the
+    grader's judge holds each in a worker and asks for :data:`ASKED` by name (:mod:`.judging`).
+    """
+
+    ASKED = ("gradients", "statistics", "forward_bytes", "warm", "peak", "mark", "untimed_convolutions", "run",
+             "update_at", "convolutions", "names")
+
+    def __init__(self, step: train.TrainStep, images: torch.Tensor, labels: torch.Tensor, batch: int, lab):
+        self.step, self.lab = step, lab
+        self.images, self.labels = images.to(lab.device), labels.to(lab.device)
+        self.small = self.images[:batch], self.labels[:batch]
+        self.timed: partners.FromOneStart | None = None
+        self._stats: list[torch.Tensor] = []
+
+    def gradients(self) -> list[torch.Tensor]:
+        """One backward on the small batch (float32 arithmetic): every parameter's gradient, on
+        the CPU; the BatchNorm running statistics it left are kept for :meth:`statistics`."""
+        with train.exact_fp32():  # no TF32: a float32 tolerance must mean float32 arithmetic
+            grads, self._stats = train.grads_and_stats(self.step.net, self.step.model, *self.small)
+        return [g.detach().cpu() for g in grads]
+
+    def statistics(self) -> list[torch.Tensor]:
+        return [s.detach().cpu() for s in self._stats]
+
+    def forward_bytes(self) -> int:
+        """Bytes a forward and loss on the small batch hold for backward (:func:`memory.forward_bytes`)."""
+        x, y = self.small
+        return int(memory.forward_bytes(lambda: F.cross_entropy(self.step.net(x), y), self.lab.device))
+
+    def warm(self) -> None:
+        """One step: the optimizer's state exists before peaks are measured."""
+        self.step(*self.small)
+
+    def peak(self, double: bool = False) -> list[float]:
+        """A step's peak bytes on the small batch (or the doubled one): ``[tensors counted,
+        the CUDA allocator's peak or -1]``."""
+        x, y = (self.images, self.labels) if double else self.small
+        report = memory.peak_step_bytes(lambda: self.step(x, y), self.lab.device)
+        return [float(report.peak_bytes), float(-1 if report.allocator_peak_bytes is None else report.allocator_peak_bytes)]
+
+    def mark(self) -> None:
+        """From now on every call (:meth:`run`) starts from the lab's seeded fp32 weights, on the small
+        batch, its convolutions counted (the recomputation's included)."""
+        start = partners.snapshot(train.build_model(seed=self.lab.seed))
+        self.timed = partners.FromOneStart(self.step, start, self.small, seed=self.lab.seed, count_convolutions=True)
+
+    def untimed_convolutions(self) -> int:
+        """Convolutions one call runs, counted on a call no clock watches (then forgotten)."""
+        self.timed()
+        return self.timed.calls.pop().convolutions
+
+    def run(self) -> torch.Tensor:
+        return self.timed.run()
+
+    def update_at(self, seed: int) -> torch.Tensor:
+        return self.timed.update_at(seed)
+
+    def convolutions(self) -> list[int]:
+        """Convolutions each call since :meth:`mark` ran (the worker's count, where it runs in one)."""
+        return [int(call.convolutions) for call in self.timed.calls]
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.step.model.named_parameters()]
+
+
+class HeldAccumulation:
+    """The student's ``accumulate_step`` after one call on the lab's GroupNorm ResNet-18 (``k``
+    uneven micro-batches of the doubled batch, float32 arithmetic): what a check may ask of it."""
+
+    ASKED = ("gradients", "weights", "seen", "loss", "peaks")
+
+    def __init__(self, step_fn, lab, images: torch.Tensor, labels: torch.Tensor, k: int, lr: float):
+        self.step_fn, self.lab, self.lr = step_fn, lab, lr
+        self.images, self.labels = images.to(lab.device), labels.to(lab.device)
+        self.model = train.group_norm_resnet(lab.seed).to(lab.device)
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=lr)
+        self._seen: list[int] = []  # the batch of every forward call: the micro-batches the model saw
+        hook = self.model.register_forward_pre_hook(lambda module, args: self._seen.append(int(args[0].shape[0])))
+        with train.exact_fp32():
+            self._loss = step_fn(self.model, optimizer, self.images, self.labels, k)
+        hook.remove()
+
+    def gradients(self) -> list[torch.Tensor]:
+        return [p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p, device="cpu")
+                for p in self.model.parameters()]
+
+    def weights(self) -> list[torch.Tensor]:
+        return [p.detach().cpu() for p in self.model.parameters()]
+
+    def seen(self) -> list[int]:
+        return list(self._seen)
+
+    def loss(self) -> float:
+        return float(torch.as_tensor(self._loss).float().mean()) if self._loss is not None else float("nan")
+
+    def peaks(self) -> list[float]:
+        """A step's peak bytes with 1 and with 4 micro-batches, each on a fresh network after a warm-up step."""
+        found = []
+        for micro in (1, 4):
+            net = train.group_norm_resnet(self.lab.seed).to(self.lab.device)
+            opt = torch.optim.SGD(net.parameters(), lr=self.lr)
+            self.step_fn(net, opt, self.images, self.labels, micro)  # warm-up: the gradients exist from now on
+            found.append(float(memory.peak_step_bytes(lambda: self.step_fn(net, opt, self.images, self.labels, micro),
+                                                      self.lab.device).peak_bytes))
+        return found
+
+
+class Here:
+    """Both 04 steps and the student's accumulation in this process (the notebook's self-check);
+    the grader's judge passes its own ``sides``, each side in a worker."""
+
+    def __init__(self, namespace: dict, lab):
+        self.namespace, self.lab = namespace, lab
+
+    def checkpoint_step(self, side: str) -> HeldCheckpoint:
+        """The plain fp32 step (``side="baseline"``), or the same seeded network wrapped by the
+        student's ``checkpointed`` at their ``SEGMENTS`` (``"candidate"``)."""
+        lab, batch = self.lab, self.lab.profile.batch_size
+        images, labels = one_batch(lab, batch_size=2 * batch, augment=False)
+        if side == "baseline":
+            step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+        else:
+            wrap, segments = student(self.namespace, "checkpointed", "04"), segments_of(self.namespace)
+            model = train.build_model(seed=lab.seed)
+            step = train.TrainStep(model, train.StepConfig(), lab.device, net=wrap(model, segments))
+        return HeldCheckpoint(step, images, labels, batch, lab)
+
+    def accumulate(self, *, k: int, lr: float, size: int) -> HeldAccumulation:
+        images, labels = one_batch(self.lab, batch_size=2 * self.lab.profile.batch_size, image_size=size,
+                                   augment=False)
+        return HeldAccumulation(student(self.namespace, "accumulate_step", "04"), self.lab, images, labels, k, lr)
+
+    def focus(self, side: str | None) -> None:
+        pass
+
+    def checking(self):
+        return contextlib.nullcontext()
+
+
+@register("04-grad-match", "04-activation-ratio", "04-peak-ratio", "04-fits-budget", "04-time-overhead")
+def checkpointing(namespace, lab, sides=None):
+    """Checkpointing keeps the gradients, halves what the forward holds, fits the larger batch, at a bounded cost."""
+    student(namespace, "checkpointed", "04")
+    sides = sides or Here(namespace, lab)
+    machine, batch = lab.machine.as_dict(), lab.profile.batch_size
+    plain, ckpt = sides.checkpoint_step("baseline"), sides.checkpoint_step("candidate")
 
     # The partner: same gradients and the same BatchNorm running statistics after one backward.
-    with train.exact_fp32():  # no TF32: a float32 tolerance must mean float32 arithmetic
-        want = train.grads_and_stats(plain.net, plain.model, small_x, small_y)
-        got = train.grads_and_stats(ckpt.net, ckpt.model, small_x, small_y)
+    want = plain.gradients(), plain.statistics()
+    got = ckpt.gradients(), ckpt.statistics()
     why = (partners.first_mismatch("gradients", got[0], want[0], rtol=1e-4, atol=1e-5)
            or partners.first_mismatch("BatchNorm running statistics", got[1], want[1], rtol=1e-5, atol=1e-6))
     partner = dict(correct=not why, why_incorrect=why)
     grad = judge("04-grad-match", float(not why), machine, **partner,
                          note=f"{len(want[0])} gradients and {len(want[1])} BatchNorm statistics compared")
 
-    held = {name: memory.forward_bytes(lambda s=s: F.cross_entropy(s.net(small_x), small_y), lab.device)
-            for name, s in (("plain", plain), ("ckpt", ckpt))}
+    held = {"plain": plain.forward_bytes(), "ckpt": ckpt.forward_bytes()}
     act = judge("04-activation-ratio", held["ckpt"] / held["plain"], machine, **partner,
                         note=f"the forward holds {held['ckpt'] / 2**20:.0f} MiB vs {held['plain'] / 2**20:.0f} MiB")
 
     for s in (plain, ckpt):  # warm-up: optimizer state exists before peaks are measured
-        s(small_x, small_y)
-    reports = {name: memory.peak_step_bytes(lambda s=s, x=x, y=y: s(x, y), lab.device)
-               for name, s, x, y in (("plain", plain, small_x, small_y), ("ckpt", ckpt, small_x, small_y),
-                                     ("plain-2x", plain, images, labels), ("ckpt-2x", ckpt, images, labels))}
+        s.warm()
+    reports = {name: s.peak(double=double) for name, s, double in
+               (("plain", plain, False), ("ckpt", ckpt, False), ("plain-2x", plain, True), ("ckpt-2x", ckpt, True))}
     # Graded on the count of tensor storages, the same on every device. On CUDA the caching
     # allocator's own peaks (workspaces and block rounding included) are reported beside it: not yet
     # graded, since no GPU run has measured the reference's budget on them.
-    peak = {k: r.peak_bytes for k, r in reports.items()}
-    allocator = {f"allocator_{k}": r.allocator_peak_bytes for k, r in reports.items()
-                 if r.allocator_peak_bytes is not None}
+    peak = {k: r[0] for k, r in reports.items()}
+    allocator = {f"allocator_{k}": r[1] for k, r in reports.items() if r[1] >= 0}
     budget = memory.BUDGET_FACTOR * peak["plain"]
     mib = {k: v / 2**20 for k, v in peak.items()}
     beside = (f"; the CUDA allocator's peaks: checkpointed {allocator['allocator_ckpt-2x'] / 2**20:.0f} MiB, "
@@ -79,21 +225,31 @@ def checkpointing(namespace, lab):
                                + beside),
                          details={"budget_bytes": budget, **{f"peak_{k}": v for k, v in peak.items()}, **allocator})
 
-    # What is timed is checked: every timed call is one step from the plain step's weights now, and
-    # each checkpointed call must train as the plain one does from there, running as many
-    # convolutions (its recomputation included) as an untimed call of it.
-    start = partners.snapshot(plain.model)
-    timed_plain = partners.FromOneStart(plain, start, (small_x, small_y), seed=lab.seed, count_convolutions=True)
-    timed_ckpt = partners.FromOneStart(ckpt, start, (small_x, small_y), seed=lab.seed, count_convolutions=True)
-    timed_ckpt()
-    untimed = timed_ckpt.calls.pop().convolutions
+    # What is timed is checked: every timed call is one step from the lab's seeded fp32 weights, and
+    # each checkpointed call must train as the plain one does from there (read at positions drawn
+    # after the call returned, on the clock), running as many convolutions (its recomputation
+    # included) as an untimed call of it.
+    for s in (plain, ckpt):
+        s.mark()
+    untimed = ckpt.untimed_convolutions()
+    draws: list[int] = []
+    (time_plain, plain_calls), (time_ckpt, ckpt_calls) = timed_calls(plain, draws), timed_calls(ckpt, draws)
     # More rounds than a speedup check: the overhead is judged against a bar, not just reported.
-    cmp = measure.compare(timed_plain, timed_ckpt, lab.device,
-                          rounds=max(7, lab.profile.rounds), steps_per_round=lab.profile.steps_per_round)
+    with sides.checking():
+        cmp = measure.compare(time_plain, time_ckpt, lab.device, rounds=max(7, lab.profile.rounds),
+                              steps_per_round=lab.profile.steps_per_round, focus=sides.focus)
+    sides.focus(None)
     overhead = 1 / cmp.speedup.median - 1
-    timed_ok, timed_why = (partners.updates_alike(timed_ckpt.calls, [c.update for c in timed_plain.calls],
-                                                  timed_ckpt.names, baseline="the plain network's step",
-                                                  convolutions=untimed) if not why else (False, why))
+    counted = ckpt.convolutions()
+    if len(counted) != len(ckpt_calls):
+        timed_ok, timed_why = False, f"the step accounted for {len(counted)} of its {len(ckpt_calls)} timed calls"
+    elif why:
+        timed_ok, timed_why = False, why
+    else:
+        for call, n in zip(ckpt_calls, counted):
+            call.convolutions = int(n)
+        timed_ok, timed_why = partners.updates_alike(ckpt_calls, [c.update for c in plain_calls], ckpt.names(),
+                                                     baseline="the plain network's step", convolutions=untimed)
     cost = speed(lab, "04-time-overhead", overhead, "lower", correct=timed_ok, why_incorrect=timed_why,
                   note=f"{cmp.summary()['candidate_ms']:.0f} ms vs {cmp.summary()['baseline_ms']:.0f} ms "
                               f"per step ({cmp.speedup.n} paired rounds, speedup IQR {cmp.speedup.q1:.2f}-"
@@ -146,49 +302,38 @@ def micro_batch_problem(seen: list[int], batch: int, k: int) -> str:
 
 
 @register("04-accum-match")
-def accumulation(namespace, lab):
+def accumulation(namespace, lab, sides=None):
     """k micro-batches give the large batch's gradients and exactly one optimizer update."""
-    step_fn = student(namespace, "accumulate_step", "04")
+    student(namespace, "accumulate_step", "04")
+    sides = sides or Here(namespace, lab)
     size = min(64, lab.profile.image_size)
-    images, labels = one_batch(lab, batch_size=2 * lab.profile.batch_size, image_size=size)
+    images, labels = one_batch(lab, batch_size=2 * lab.profile.batch_size, image_size=size, augment=False)
     images, labels = images.to(lab.device), labels.to(lab.device)
-    reference, model = train.group_norm_resnet(lab.seed).to(lab.device), train.group_norm_resnet(lab.seed).to(lab.device)
+    reference = train.group_norm_resnet(lab.seed).to(lab.device)
     lr, k = 0.1, 3  # 3 does not divide the batch: uneven micro-batches
     with train.exact_fp32():
         want, _ = train.grads_and_stats(reference, reference, images, labels)
         floor = accumulation_floor(want, images, labels, k, lab)
-    before = [p.detach().clone() for p in model.parameters()]
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    seen = []  # the batch of every forward call: the micro-batches must be what the model sees
-    hook = model.register_forward_pre_hook(lambda module, args: seen.append(int(args[0].shape[0])))
-    with train.exact_fp32():
-        loss = step_fn(model, optimizer, images, labels, k)
-    hook.remove()
-    got = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-    why = micro_batch_problem(seen, images.shape[0], k)
+    before = [p.detach().clone() for p in train.group_norm_resnet(lab.seed).to(lab.device).parameters()]
+    done = sides.accumulate(k=k, lr=lr, size=size)
+    device = lambda tensors: [t.to(lab.device) for t in tensors]  # noqa: E731
+    why = micro_batch_problem(list(done.seen()), images.shape[0], k)
     allowed = [1e-6 + FLOOR_MARGIN * f for f in floor]  # per gradient: float32 rounding and this device's floor
-    why = why or partners.first_mismatch("gradients", got, want, rtol=1e-4, atol=allowed)
+    why = why or partners.first_mismatch("gradients", device(done.gradients()), want, rtol=1e-4, atol=allowed)
     if not why:
         updated = [b - lr * g for b, g in zip(before, want)]
-        why = partners.first_mismatch("weights after the update", [p.detach() for p in model.parameters()], updated,
+        why = partners.first_mismatch("weights after the update", device(done.weights()), updated,
                                       rtol=1e-4, atol=[1e-6 + lr * FLOOR_MARGIN * f for f in floor])
         why = why and f"{why} (one optimizer.step() per large batch, after all micro-batches)"
-    if not why and not torch.isfinite(torch.as_tensor(loss)).all():
+    loss = done.loss()
+    if not why and not math.isfinite(loss):
         why = f"accumulate_step returned a non-finite loss {loss}"
     note = "gradients and the update match one large batch"
     if not why and lab.profile.grades_speed:  # a step's peak means something at the real scale only
-        peaks = {}
-        for micro in (1, 4):
-            net = train.group_norm_resnet(lab.seed).to(lab.device)
-            opt = torch.optim.SGD(net.parameters(), lr=lr)
-            step_fn(net, opt, images, labels, micro)  # warm-up: the gradients exist from now on
-            peaks[micro] = memory.peak_step_bytes(lambda: step_fn(net, opt, images, labels, micro),
-                                                  lab.device).peak_bytes
-        note += f"; peak {peaks[4] / 2**20:.0f} MiB with 4 micro-batches, {peaks[1] / 2**20:.0f} MiB with 1"
-        if peaks[4] > ACCUMULATION_PEAK_FALL * peaks[1]:
-            why = (f"4 micro-batches peak at {peaks[4] / 2**20:.0f} MiB, one batch at {peaks[1] / 2**20:.0f} "
+        one, four = done.peaks()
+        note += f"; peak {four / 2**20:.0f} MiB with 4 micro-batches, {one / 2**20:.0f} MiB with 1"
+        if four > ACCUMULATION_PEAK_FALL * one:
+            why = (f"4 micro-batches peak at {four / 2**20:.0f} MiB, one batch at {one / 2**20:.0f} "
                    f"MiB: accumulation must lower the peak (to {ACCUMULATION_PEAK_FALL:g}x or less)")
     return [judge("04-accum-match", float(not why), lab.machine.as_dict(), correct=not why,
                   why_incorrect=why, note="" if why else note)]
-
-

@@ -40,27 +40,28 @@ import threading
 import time
 from pathlib import Path
 
-NOTEBOOKS = ("01", "02", "03", "05", "06")  # decided here; the rest by the verdict process (grading/verdict.py) for now
+NOTEBOOKS = ("01", "02", "03", "04", "05", "06")  # decided here; 07 by the verdict process (grading/verdict.py) for now
 # The student's functions each judged notebook calls, by name: the judge asks its worker for them.
 GRADED = {"01": ("measure_throughput", "diagnose", "top_operators"), "02": ("make_fast_loader",),
-          "03": ("amp_train_step", "choose_precision"), "05": ("compile_inference", "break_even_steps"),
+          "03": ("amp_train_step", "choose_precision"), "04": ("checkpointed", "accumulate_step"),
+          "05": ("compile_inference", "break_even_steps"),
           "06": ("assemble_ladder",)}
 # Notebooks compared with a baseline that a worker of its own serves (01 has none: its checks
 # measure what they compare with themselves, in the judge, and 01's rung is the naive step's).
-BASELINE = ("02", "03", "05", "06")
-# Earlier notebooks' carried code a judged notebook's worker loads beside its own (03 and 05: the
-# rung is the student's 03 step, for 05 compiled, fed by their 02 loader; 05 infers in their 03
-# precision; 06's pipeline is their 02 loader, 03 step and 05 compile choice).
-EARLIER_CODE = {"01": (), "02": (), "03": ("02",), "05": ("02", "03"), "06": ("02", "03", "05")}
+BASELINE = ("02", "03", "04", "05", "06")
+# Earlier notebooks' carried code a judged notebook's worker loads beside its own (03, 04 and 05:
+# the rung is the student's 03 step, for 04 checkpointed, for 05 compiled, fed by their 02 loader;
+# 05 infers in their 03 precision; 06's pipeline is their 02 loader, 03 step and 05 compile choice).
+EARLIER_CODE = {"01": (), "02": (), "03": ("02",), "04": ("02", "03"), "05": ("02", "03"), "06": ("02", "03", "05")}
 # Notebooks whose checks read the ladder (every rung recorded so far) and the report the kernel
 # exported: the grader hands the judge its own copies of both (``inputs/rungs``, ``inputs/report.html``).
 READS_LADDER = ("06",)
 
 
 def judges(number: str, profile: str) -> bool:
-    """Whether the judge decides notebook ``number`` under ``profile``: 01, 03 and 05 everywhere
+    """Whether the judge decides notebook ``number`` under ``profile``: 01, 03, 04 and 05 everywhere
     (only losses, sampled updates, weights, logits, timings and profiler tables cross; 05's
-    judge's tests passed on an H200, 01's and 03's have not run on a GPU); 02 off CUDA and 06 off GPUs. On CUDA, 02's batches would cross to the judge
+    judge's tests passed on an H200, 01's, 03's and 04's have not run on a GPU); 02 off CUDA and 06 off GPUs. On CUDA, 02's batches would cross to the judge
     through host memory (the lab's largest, 157 MB at 160 px), which no loader pays in a notebook;
     sharing them through CUDA IPC instead is not yet built. 06 grades a whole pipeline, whose
     asynchronous steps (no ``loss.item()`` every step) are part of what it measures, and every
@@ -329,6 +330,21 @@ class Sides:
             raise StudentCodeError("top_operators' answer or its profile did not come back as (name, time) pairs") from None
         return got, table
 
+    def checkpoint_step(self, side: str) -> RemoteHeld:
+        """04: the plain step (baseline) or the student's checkpointed one (candidate), held in
+        ``side``'s worker (:class:`~.g04_checkpointing.HeldCheckpoint`)."""
+        from .g04_checkpointing import HeldCheckpoint
+
+        return RemoteHeld(self.workers[side], int(self._build(side, "checkpoint_step")["handle"]), HeldCheckpoint.ASKED)
+
+    def accumulate(self, *, k: int, lr: float, size: int) -> RemoteHeld:
+        """04: the student's ``accumulate_step`` after one call, held in their worker
+        (:class:`~.g04_checkpointing.HeldAccumulation`)."""
+        from .g04_checkpointing import HeldAccumulation
+
+        handle = int(self._build("candidate", "accumulate", k=k, lr=lr, size=size)["handle"])
+        return RemoteHeld(self.workers["candidate"], handle, HeldAccumulation.ASKED)
+
     def pipeline(self, side: str) -> RemoteHeld:
         """06: a training pipeline held in ``side``'s worker: the naive one for the baseline, the
         student's composed one for the candidate (:class:`~.g06_report.HeldPipeline`)."""
@@ -404,25 +420,30 @@ def _stand_in(name: str):
     return refuse
 
 
-# 03's and 06's weights and BatchNorm buffers cross whole (ResNet-18's 11.2 M float32 parameters: 45 MB).
+# 03's, 04's and 06's weights, gradients and BatchNorm buffers cross whole (ResNet-18's 11.2 M
+# float32 parameters: 45 MB).
 MODEL_BYTES = 48 * 2**20
 
 
 def buffer_bytes(profile, number: str = "") -> int:
     """The shared buffer a worker's batch crosses: twice a float32 batch of the profile, 1 MiB more;
-    for 03 and 06, at least a model's state."""
+    for 03, 04 and 06, at least a model's state."""
     batch = 2 * profile.batch_size * 3 * profile.image_size ** 2 * 4 + 2**20
-    return max(batch, MODEL_BYTES + 2**20) if number in ("03", "06") else batch
+    return max(batch, MODEL_BYTES + 2**20) if number in ("03", "04", "06") else batch
 
 
 def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> dict | None:
-    """Notebook ``number``'s rung: 02's in the judge (the student's loader, in their worker,
-    feeding the judge's own fp32 step); 03's and 05's whole step in their worker, timed from here."""
+    """Notebook ``number``'s rung: 01's in the judge (the naive step: no student code), 02's too
+    (the student's loader, in their worker, feeding the judge's own fp32 step); 03's, 04's and
+    05's whole step in their worker, timed from here (04's at twice the batch, its peak counted
+    by the worker)."""
+    import dataclasses
+
     from labsupport import train
 
     from . import rungs
 
-    if number not in ("03", "05"):
+    if number not in ("03", "04", "05"):
         return rungs.measure(number, namespace, lab, found)
     config = student.request("rung")["config"]
     compiled = number == "05"
@@ -430,8 +451,11 @@ def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> di
         config = train.StepConfig(**{k: v for k, v in config.items() if k != "compiled"}, compiled=compiled)
     except TypeError:
         config = train.StepConfig(compiled=compiled)
+    if number == "04":
+        lab = dataclasses.replace(lab, profile=dataclasses.replace(lab.profile, batch_size=2 * lab.profile.batch_size))
     return rungs.measure_timed(number, lambda: student.request("rung_step"), config, lab, found,
-                               wait=lambda: student.request("rung_batch"))
+                               wait=lambda: student.request("rung_batch"),
+                               peak=(lambda: student.request("rung_peak")["bytes"]) if number == "04" else None)
 
 
 def _decide(number: str, found: dict, out: dict) -> None:
@@ -465,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     if code.is_file():  # root's copy: what later notebooks' verdicts load as this notebook's code
         (judged / "code").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(code, judged / "code" / code.name)
-    # The rungs verdict processes recorded (04), as the grader took them: beside the judges' own.
+    # The rungs verdict processes recorded (02's on CUDA), as the grader took them: beside the judges' own.
     for rung in sorted((Path(spec["inputs"]) / "rungs").glob("*.json")):
         if not (judged / rung.name).exists():
             shutil.copyfile(rung, judged / rung.name)

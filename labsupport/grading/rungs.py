@@ -36,13 +36,29 @@ def step_03(amp_code: dict, lab, compiled: bool = False) -> train.TrainStep:
     return amp_step(update, dtype, channels_last, lab.device, seed=lab.seed, compiled=compiled)
 
 
+def step_04(namespace: dict, amp_code: dict, lab) -> tuple[train.TrainStep, object]:
+    """04's rung step: the student's checkpointing (``checkpointed``, ``SEGMENTS`` in ``namespace``)
+    around their 03 step in their 03 precision, at twice the batch; and the lab at that batch."""
+    update = student(amp_code, "amp_train_step", "03")
+    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
+    wrap, segments = student(namespace, "checkpointed", "04"), namespace.get("SEGMENTS")
+    batch = 2 * lab.profile.batch_size
+    config = train.StepConfig(amp_dtype=str(dtype).removeprefix("torch.") if dtype else None,
+                              channels_last=channels_last, checkpoint_segments=int(segments or 0), batch_size=batch)
+    step = train.make_step(config, lab.device, seed=lab.seed, update=update, wrap=lambda model: wrap(model, segments))
+    return step, dataclasses.replace(lab, profile=dataclasses.replace(lab.profile, batch_size=batch))
+
+
 def measure_timed(number: str, step: Callable[[], object], config: train.StepConfig, lab,
-                  found: dict[str, CheckResult], wait: Callable[[], object] | None = None) -> dict:
+                  found: dict[str, CheckResult], wait: Callable[[], object] | None = None,
+                  peak: Callable[[], float] | None = None) -> dict:
     """Record notebook ``number``'s rung timed from outside (the grader's judge): ``wait()`` fetches
     the next batch from the student's loader onto the device elsewhere, ``step()`` trains on it;
     each returns when it is done. Throughput as :func:`report.measure_rung` times it, and of the
-    phases only the data wait (the fetch's time), which is all a clock outside can split off; no
-    peak memory, which only the process running the step could count."""
+    phases only the data wait (the fetch's time), which is all a clock outside can split off.
+    Peak memory only the process running the step can count: where ``peak()`` asks it for one
+    step's (04's rung, whose point is its memory), it is recorded as that process's count.
+    ``lab``'s profile is the rung's (04's: twice the batch)."""
     import statistics
     import time
 
@@ -66,7 +82,10 @@ def measure_timed(number: str, step: Callable[[], object], config: train.StepCon
     extra = {"03": {"step_speedup": _measured(found, "03-amp-speedup"),
                     "activation_ratio": _measured(found, "03-activation-ratio"),
                     "accuracy_fp32": accuracy.get("accuracy_fp32"), "accuracy": accuracy.get("accuracy")},
+             "04": {"batch_size": profile.batch_size, "peak_ratio": _measured(found, "04-peak-ratio")},
              "05": {"inference_speedup": _measured(found, "05-compile-speedup")}}.get(number, {})
+    if peak is not None:
+        metrics.update(peak_bytes=float(peak()), peak_counted_by="the worker running the student's step")
     metrics.update(**extra, timed_by="the grader's judge, from outside", change=nb.change, builds_on=nb.builds_on)
     results.record(nb.stage, metrics, config=config, machine=lab.machine, profile=profile)
     return metrics
@@ -106,17 +125,9 @@ def measure(number: str, namespace: dict, lab, found: dict[str, CheckResult]) ->
                                    activation_ratio=_measured(found, "03-activation-ratio"),
                                    accuracy_fp32=accuracy.get("accuracy_fp32"), accuracy=accuracy.get("accuracy"))
     if number == "04":
-        wrap, segments = student(namespace, "checkpointed", "04"), namespace.get("SEGMENTS")
-        batch = 2 * profile.batch_size
-        config = train.StepConfig(amp_dtype=str(dtype).removeprefix("torch.") if dtype else None,
-                                  channels_last=channels_last, checkpoint_segments=int(segments or 0),
-                                  batch_size=batch)
-        step = train.make_step(config, device, seed=seed, update=update,
-                               wrap=lambda model: wrap(model, segments))
-        big = dataclasses.replace(profile, batch_size=batch)
-        return report.measure_rung(nb.stage, step, loader(dataclasses.replace(lab, profile=big)), lab,
-                                   profile=big, progress=False, batch_size=batch,
-                                   peak_ratio=_measured(found, "04-peak-ratio"))
+        step, big = step_04(namespace, amp_code, lab)
+        return report.measure_rung(nb.stage, step, loader(big), lab, profile=big.profile, progress=False,
+                                   batch_size=big.profile.batch_size, peak_ratio=_measured(found, "04-peak-ratio"))
     if number == "05":
         step = step_03(amp_code, lab, compiled=True)
         return report.measure_rung(nb.stage, step, loader(lab), lab, progress=False,

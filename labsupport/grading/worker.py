@@ -8,7 +8,8 @@ is either
   from the judge's read-only ``inputs``, beside the earlier notebooks' the judge handed over),
   and builds and runs what the judge asks for with the student's functions; or
 - ``baseline``: it loads no student code at all, and builds the same things with labsupport's
-  own versions (02's naive loader, 03's fp32 step, 05's eager model, 06's naive pipeline), so
+  own versions (02's naive loader, 03's fp32 step, 04's plain step, 05's eager model, 06's naive
+  pipeline), so
   the baseline pays exactly the student's cost of being driven from outside. 01 has no baseline
   worker: what its checks compare with, they measure in the judge.
 
@@ -202,6 +203,24 @@ class Served:
         got, table = self._here_01().top_operators(str(request["case"]))
         return {"got": got[:50], "table": [(key[:120], us) for key, us in table[:400]]}
 
+    def op_checkpoint_step(self, request) -> dict:
+        """04: the plain fp32 step (baseline), or the same network wrapped by the student's
+        ``checkpointed`` (:class:`~labsupport.grading.g04_checkpointing.HeldCheckpoint`)."""
+        from labsupport.grading import g04_checkpointing
+
+        side = "candidate" if self.student else "baseline"
+        return {"handle": self.keep(g04_checkpointing.Here(self.namespace, self.lab).checkpoint_step(side))}
+
+    def op_accumulate(self, request) -> dict:
+        """04: the student's ``accumulate_step``, called once (:class:`~labsupport.grading.g04_checkpointing.HeldAccumulation`)."""
+        from labsupport.grading import g04_checkpointing
+
+        if not self.student:
+            raise PermissionError("the baseline's worker holds no student code (accumulate_step)")
+        done = g04_checkpointing.Here(self.namespace, self.lab).accumulate(
+            k=int(request["k"]), lr=float(request["lr"]), size=int(request["size"]))
+        return {"handle": self.keep(done)}
+
     def op_pipeline(self, request) -> dict:
         """06: the naive pipeline (baseline), or the student's composed one: their 02 loader feeding
         their 03 step, compiled as their 05 chose (:class:`~labsupport.grading.g06_report.HeldPipeline`)."""
@@ -228,10 +247,12 @@ class Served:
         import torch
 
         from labsupport import measure
-        from labsupport.grading import g03_amp, g06_report, wire
+        from labsupport.grading import g03_amp, g04_checkpointing, g06_report, wire
 
         held, method = self.objects.get(int(request["handle"])), request.get("method")
-        if not isinstance(held, (g03_amp.HeldStep, g06_report.HeldPipeline)) or method not in type(held).ASKED:
+        kinds = (g03_amp.HeldStep, g04_checkpointing.HeldCheckpoint, g04_checkpointing.HeldAccumulation,
+                 g06_report.HeldPipeline)
+        if not isinstance(held, kinds) or method not in type(held).ASKED:
             raise ValueError(f"no method {method!r} to ask of object {request['handle']}")
         args = request.get("args") or {}
         value = getattr(held, method)(**{k: v for k, v in args.items() if isinstance(v, (int, float, str))})
@@ -252,8 +273,12 @@ class Served:
         from labsupport.grading import carried, rungs
 
         number = self.spec["notebook"]
-        if number not in ("03", "05") or not self.student:
+        if number not in ("03", "04", "05") or not self.student:
             raise ValueError(f"no rung to set up for notebook {number} here")
+        if number == "04":  # their checkpointing around their 03 step, fed by their 02 loader, at twice the batch
+            step, big = rungs.step_04(self.namespace, vars(carried("03", self.lab)), self.lab)
+            self.rung = (pipeline.forever(carried("02", self.lab).make_fast_loader(big)), step, None)
+            return {"config": dataclasses.asdict(step.config)}
         if number == "05":
             import torch
 
@@ -275,6 +300,14 @@ class Served:
         self.rung = (batches, step, step.to_device(*next(batches), True))
         measure.sync(self.lab.device)
         return {"ok": True}
+
+    def op_rung_peak(self, request) -> dict:
+        """04: the peak bytes of one rung step on the loader's next batch, counted here (memory.TensorBytes)."""
+        from labsupport import memory
+
+        batches, step, _ = self.rung
+        x, y = step.to_device(*next(batches))
+        return {"bytes": float(memory.peak_step_bytes(lambda: step(x, y), self.lab.device).peak_bytes)}
 
     def op_rung_step(self, request) -> dict:
         """One step of the rung on the batch :meth:`op_rung_batch` fetched."""
