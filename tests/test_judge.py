@@ -1,8 +1,10 @@
-"""The judge (labsupport/grading/judging.py): 02's verdicts decided by a process that runs no
-student code, driving the student's carried code and the naive baseline in two workers.
+"""The judge (labsupport/grading/judging.py): 01-06's verdicts decided by a process that runs no
+student code, driving the student's carried code in a worker and the baseline in another (01 has
+none: what its checks compare with, the judge measures itself).
 
 Each submission here is carried code as a careless or clever student writes it, handed to the
-judge exactly as the grader hands it (``inputs/code/02.py``), at the tiny profile; where speed
+judge exactly as the grader hands it (``inputs/code/NN.py``, and for 06 the rungs and the
+report), at the tiny profile; where speed
 matters, at ``tiny:grades_speed=1``. The sandboxed cases need root and bubblewrap (``make test``
 installs it) and skip visibly without them.
 """
