@@ -444,7 +444,7 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
 
 INFERENCE_STAGE = "07-inference"
 INFERENCE_NOTE = ("Not a rung of the ladder: inference, not training. Measured on the CPU at 32 px, per "
-                  "request of 32 images, each model compiled with the student's 05 compile_inference (and also run eagerly); "
+                  "request of 32 images, each model compiled the lab's way (torch.compile, freezing on) and also run eagerly; "
                   "accuracy on the validation split. Sizes are the bytes of the tensors each model runs on.")
 
 

@@ -758,3 +758,62 @@ def checkpointed(model, segments):
     overhead = verdict["checks"]["04-time-overhead"]
     assert overhead["status"] == "fail" and "convolutions" in overhead["note"], overhead
     assert statuses(verdict) == {**STATUSES_04, "04-time-overhead": "fail"}, verdict["checks"]
+
+
+# 07 --------------------------------------------------------------------------------------------
+
+STATUSES_07 = {"07-sparsity": "pass", "07-pruned-accuracy": "n/a", "07-int8-size": "pass",
+               "07-int8-speedup": "n/a", "07-int8-accuracy": "n/a"}
+
+
+def test_07_reference_is_judged_correct_in_its_worker(tmp_path, tiny_data, reference_code):
+    """07 decided by the judge, with no baseline worker: the judge trains fp32 and sends its weights;
+    the student's pruning and quantisation run in their worker; the pruned weights come back, and
+    the int8 model comes back exported, as data, rebuilt here from allowlisted operators."""
+    verdict = judge(tmp_path, tiny_data, reference_code["07"], notebook="07")
+    assert verdict["judge"] and not verdict["problems"], verdict
+    assert statuses(verdict) == STATUSES_07, verdict["checks"]
+    assert abs(verdict["checks"]["07-sparsity"]["measured"] - 0.5) < 0.005
+    assert verdict["checks"]["07-int8-size"]["measured"] < 0.26, verdict["checks"]["07-int8-size"]
+
+
+def test_07_a_worker_that_reports_int8_and_pruned_for_an_fp32_model_earns_nothing(tmp_path, tiny_data,
+                                                                                  reference_code):
+    """The release's answers replaced by cheats that also bend, in their own worker, what 07
+    measures with (the sparsity count, the int8 reading, the description of a model): int8
+    copies held while the fp32 model computes, and masks left in place. The judge counts and
+    reads the weights and the exported graph itself: every check fails."""
+    code = reference_code["07"] + """
+
+import labsupport.compress as _compress
+from labsupport.grading import exported as _exported
+
+
+class _Held(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.copies = [m.weight.detach().to(torch.int8) for _, m in _compress.prunable(model)]
+
+    def forward(self, x):
+        return self.model(x)
+
+
+def quantize_int8(model, calibration):
+    return _Held(model)
+
+
+def make_permanent(model):
+    return model  # the masks stay: weight_orig is dense
+
+
+_compress.computed_with = lambda model, batch: _compress.ComputedWith(11_000_000, 11_000_000)
+_compress.sparsity = lambda model: _compress.Sparsity(5_590_000, 11_180_000, ())
+_exported.OPERATORS = frozenset(["anything"])
+"""
+    verdict = judge(tmp_path, tiny_data, code, notebook="07")
+    assert statuses(verdict) == dict.fromkeys(STATUSES_07, "fail"), verdict["checks"]
+    checks = verdict["checks"]
+    assert "weight_orig and weight_mask" in checks["07-sparsity"]["note"] and checks["07-sparsity"]["measured"] == 0
+    assert "does not compute with int8 weights" in checks["07-int8-size"]["note"], checks["07-int8-size"]
+    assert checks["07-int8-size"]["measured"] > 0.9, checks["07-int8-size"]

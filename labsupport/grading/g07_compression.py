@@ -9,12 +9,18 @@ and run on the CPU.
 - ``07-pruned-accuracy``: that model's validation accuracy is within the stated gap of fp32's.
 - ``07-int8-size``: ``quantize_int8`` returns a model whose weights are int8 and whose
   tensors take at most the stated share of fp32's bytes, with logits close to fp32's.
-- ``07-int8-speedup``: compiled with the student's own 05 ``compile_inference`` (carried
-  forward), as the fp32 model is, it is faster than fp32 per request of 32 images, paired.
+- ``07-int8-speedup``: compiled the lab's way (:func:`labsupport.compress.compiled`), as the fp32
+  model is, it is faster than fp32 per request of 32 images, paired.
 - ``07-int8-accuracy``: its validation accuracy is within the stated gap of fp32's.
 
 Accuracy needs a trained model, so on a profile that grades no speed (tests) the accuracy and
 speed checks say n/a once the student's code ran and passed its partners.
+
+Each check is written once, against ``sides``: :class:`Here` calls the student's functions in this
+process (the notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which
+calls them in the student's worker. Either way the fp32 model is trained where the check runs
+and handed over as weights; what comes back is weights (pruning) and an exported model as data
+(quantisation, :mod:`.exported`), and every figure is counted and measured where the check runs.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ import dataclasses
 import torch
 
 from .. import compress, measure
-from . import CheckResult, StudentCodeError, carried, judge, register, speed, student
+from . import CheckResult, StudentCodeError, exported, judge, register, speed, student
 
 _TRAINED: dict[tuple, tuple] = {}  # (profile, seed, device) -> (data, fp32 model, its accuracy)
+_DATA: list = []  # the lab's images at 07's size, decoded once per process
 MAX_LOGIT_ERROR = 0.10  # int8 logits vs fp32's, relative L2 on one serving batch (trained: about 0.01)
 TIE = 1e-12  # magnitudes this close count as tied at the pruning threshold
 
@@ -37,11 +44,18 @@ def trained(lab) -> tuple[compress.Data, torch.nn.Module, float]:
     key = (lab.profile, lab.seed, str(lab.device))
     if key not in _TRAINED:
         with compress.quiet():
-            data = compress.load_data(progress=False)
+            data = _data()
             model = compress.train_fp32(lab, data, progress=False)
             _TRAINED[key] = data, model, compress.accuracy(model, data.val_images, data.val_labels)
     data, model, acc = _TRAINED[key]
     return data, copy.deepcopy(model), acc
+
+
+def _data() -> compress.Data:
+    if not _DATA:
+        with compress.quiet():
+            _DATA.append(compress.load_data(progress=False))
+    return _DATA[0]
 
 
 def _gap_check(check: str, lab, fp32_acc: float, acc: float, *, correct: bool, why: str, what: str) -> CheckResult:
@@ -86,30 +100,106 @@ def _pruning_errors(model: torch.nn.Module, before: list[torch.Tensor], amount: 
     return found.fraction, wrong
 
 
-@register("07-sparsity", "07-pruned-accuracy")
-def pruning(namespace, lab):
-    """Half the weights really zero, the globally smallest, and accuracy within reach of fp32's."""
-    prune_globally = student(namespace, "prune_globally", "07")
-    make_permanent = student(namespace, "make_permanent", "07")
-    data, fp32, fp32_acc = trained(lab)
+@dataclasses.dataclass
+class Pruned:
+    """What the student's pruning made of the fp32 weights it was given."""
+
+    state: dict[str, torch.Tensor]  # the final model's tensors named as fp32's (a layer's weight_orig as its weight)
+    names: list[str]  # every name in the final model's state dict
+    masked: float  # the share of the weights zero right after prune_globally
+    masks_through_tune: bool  # whether the masks were still there after the fine-tune
+    hooks: int  # prunable layers that still run forward pre-hooks
+
+
+class Here:
+    """The student's 07 functions, called in this process (the notebook's self-check); the grader's
+    judge passes its own ``sides``, which calls them in the student's worker and gets back weights
+    and an exported model's description (:mod:`.exported`), as plain data."""
+
+    def __init__(self, namespace: dict, lab):
+        self.namespace, self.lab = namespace, lab
+
+    def focus(self, side: str | None) -> None:
+        pass
+
+    def pruned(self, weights: dict[str, torch.Tensor]) -> Pruned:
+        """``prune_globally(model, AMOUNT)``, the lab's fine-tune and ``make_permanent`` on a model
+        holding ``weights``."""
+        prune_globally = student(self.namespace, "prune_globally", "07")
+        make_permanent = student(self.namespace, "make_permanent", "07")
+        model, data = compress.model_from(weights), _data()
+        with compress.quiet():
+            pruned = prune_globally(model, compress.AMOUNT)
+            if not isinstance(pruned, torch.nn.Module):
+                raise StudentCodeError(f"prune_globally must return the model, not {type(pruned).__name__}")
+            total = compress.sparsity(pruned).total
+            masked = sum(int((m.weight == 0).sum()) for _, m in compress.prunable(pruned)) / max(total, 1)
+            tuned = compress.fine_tune(pruned, self.lab, data, progress=False)
+            kept = bool(compress.sparsity(tuned).masks_left)
+            final = make_permanent(tuned)
+            if not isinstance(final, torch.nn.Module):
+                raise StudentCodeError(f"make_permanent must return the model, not {type(final).__name__}")
+        state = final.state_dict()
+        named = {name.removesuffix("_orig"): value for name, value in state.items()
+                 if name.removesuffix("_orig") in weights and isinstance(value, torch.Tensor)}
+        hooks = sum(1 for _, m in compress.prunable(final) if m._forward_pre_hooks)
+        return Pruned({k: v.detach().to("cpu") for k, v in named.items()}, list(state), masked, kept, hooks)
+
+    def quantized(self, weights: dict[str, torch.Tensor]) -> exported.Described:
+        """``quantize_int8`` on a deployable model holding ``weights``, calibrated on the lab's
+        batches, exported on a serving batch and described as data (:func:`.exported.describe`)."""
+        quantize = student(self.namespace, "quantize_int8", "07")
+        data = _data()
+        with compress.quiet():
+            q = quantize(compress.deployable(compress.model_from(weights)), data.calibration(seed=self.lab.seed))
+            if not isinstance(q, torch.nn.Module):
+                raise StudentCodeError(f"quantize_int8 must return a model, not {type(q).__name__}")
+            try:
+                return exported.describe(q, data.serving_batch())
+            except exported.NotAModel as err:
+                raise StudentCodeError(str(err)) from None
+
+
+def _judged_pruning(fp32: torch.nn.Module, got: Pruned) -> tuple[torch.nn.Module, list[str]]:
+    """A copy of ``fp32`` holding the pruned weights that came back, and what is wrong with them."""
+    wrong = []
+    masks = sorted({name.rsplit(".", 1)[0] for name in got.names if name.endswith(("weight_orig", "weight_mask"))})
+    if masks:
+        wrong.append(f"{len(masks)} layers still hold weight_orig and weight_mask (first: {masks[0]}): "
+                     "make_permanent must fold each mask into its weight with prune.remove(module, 'weight')")
+    elif got.hooks:
+        wrong.append(f"{got.hooks} layers still run forward pre-hooks")
     model = copy.deepcopy(fp32)
-    before = [m.weight.detach().clone() for _, m in compress.prunable(model)]
+    missing = sorted(set(model.state_dict()) - set(got.state))
+    if missing:
+        raise StudentCodeError(f"the pruned model has no {missing[0]}: prune_globally and make_permanent must "
+                               "return the ResNet-18 they were given")
+    try:
+        model.load_state_dict(got.state)
+    except RuntimeError as err:
+        raise StudentCodeError(f"the pruned model's weights do not fit a ResNet-18: {str(err)[:300]}") from None
+    return model, wrong
+
+
+@register("07-sparsity", "07-pruned-accuracy")
+def pruning(namespace, lab, sides=None):
+    """Half the weights really zero, the globally smallest, and accuracy within reach of fp32's:
+    counted and measured here, on a copy of fp32's model holding the weights the student's pruning
+    returned (in the grader: sent back by their worker)."""
+    student(namespace, "prune_globally", "07")
+    student(namespace, "make_permanent", "07")
+    data, fp32, fp32_acc = trained(lab)
+    before = [m.weight.detach().clone() for _, m in compress.prunable(fp32)]
+    got = (sides or Here(namespace, lab)).pruned(fp32.state_dict())
+    final, wrong = _judged_pruning(fp32, got)
+    fraction, more = _pruning_errors(final, before, compress.AMOUNT)
+    wrong += more
+    total = compress.sparsity(final).total
+    if fraction < compress.AMOUNT - 0.005 and got.masked >= compress.AMOUNT - 0.005 and not got.masks_through_tune:
+        wrong.append(f"{got.masked:.0%} of the weights were zero after prune_globally, "
+                     f"{fraction:.1%} after the fine-tune: the masks were removed before it, so the "
+                     "zeroed weights were trained back. Keep them until make_permanent")
     with compress.quiet():
-        pruned = prune_globally(model, compress.AMOUNT)
-        if not isinstance(pruned, torch.nn.Module):
-            raise StudentCodeError(f"prune_globally must return the model, not {type(pruned).__name__}")
-        masked = sum(int((m.weight == 0).sum()) for _, m in compress.prunable(pruned))
-        tuned = compress.fine_tune(pruned, lab, data, progress=False)
-        final = make_permanent(tuned)
-        if not isinstance(final, torch.nn.Module):
-            raise StudentCodeError(f"make_permanent must return the model, not {type(final).__name__}")
-        fraction, wrong = _pruning_errors(final, before, compress.AMOUNT)
-        total = compress.sparsity(final).total
-        if fraction < compress.AMOUNT - 0.005 and masked >= (compress.AMOUNT - 0.005) * total \
-                and not compress.sparsity(tuned).masks_left:
-            wrong.append(f"{masked / total:.0%} of the weights were zero after prune_globally, "
-                         f"{fraction:.1%} after the fine-tune: the masks were removed before it, so the "
-                         "zeroed weights were trained back. Keep them until make_permanent")
         acc = compress.accuracy(final, data.val_images, data.val_labels)
     why = "; ".join(wrong)
     sparse = judge("07-sparsity", fraction, lab.machine.as_dict(), correct=not wrong, why_incorrect=why,
@@ -136,17 +226,26 @@ def _quantiser_versions() -> str:
 
 
 @register("07-int8-size", "07-int8-speedup", "07-int8-accuracy")
-def int8(namespace, lab):
-    """int8 weights in a model a quarter of fp32's size, close to its outputs, faster and as accurate."""
-    quantize = student(namespace, "quantize_int8", "07")
+def int8(namespace, lab, sides=None):
+    """int8 weights in a model a quarter of fp32's size, close to its outputs, faster and as accurate.
+
+    Every figure is of the model rebuilt here from the export of what ``quantize_int8`` returned
+    (:mod:`.exported`): what it computes with, its logits, its accuracy, and its speed, both
+    models compiled the lab's way (:func:`labsupport.compress.compiled`)."""
+    student(namespace, "quantize_int8", "07")
     data, fp32, fp32_acc = trained(lab)
     batch = data.serving_batch()
-    with compress.quiet():
-        q = quantize(compress.deployable(fp32), data.calibration(seed=lab.seed))
-        if not isinstance(q, torch.nn.Module):
-            raise StudentCodeError(f"quantize_int8 must return a model, not {type(q).__name__}")
-        with torch.no_grad():
-            want, got = fp32(batch), q(batch).float()
+    described = (sides or Here(namespace, lab)).quantized(fp32.state_dict())
+    try:
+        q = exported.rebuild(described)
+    except exported.NotAModel as err:
+        raise StudentCodeError(str(err)) from None
+    with compress.quiet(), torch.no_grad():
+        want, got = fp32(batch), q(batch)
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        raise StudentCodeError(f"your int8 model returned {getattr(got, 'shape', type(got).__name__)} for a batch, "
+                               f"not logits of shape {tuple(want.shape)}")
+    got = got.float()
     weights = compress.sparsity(fp32).total
     # What each model computes with (the weights its operators read in a forward), not what it holds.
     mine, theirs = compress.computed_with(q, batch), compress.computed_with(fp32, batch)
@@ -168,16 +267,16 @@ def int8(namespace, lab):
                        f"in fp32; logits within {error:.2%} of fp32's",
                   details={"bytes_ratio": ratio, "logit_error": error})
     if lab.profile.grades_speed and correct:
-        compile_inference = carried("05", lab).compile_inference  # your 05 compile, for both sides
         torch.compiler.reset()
-        with compress.serving():  # no_grad, and freezing on whatever 05 chose (int8 kernels need it)
-            fast_fp32, fast_int8 = compile_inference(fp32), compile_inference(q)
+        with compress.serving():  # no_grad and Inductor's freezing (int8 kernels need it)
+            fast_fp32, fast_int8 = compress.compiled(fp32), compress.compiled(q)
             fast_fp32(batch), fast_int8(batch)  # the compiles, outside the timing
             cmp = measure.compare(lambda: fast_fp32(batch), lambda: fast_int8(batch), compress.CPU,
                                   rounds=lab.profile.rounds, steps_per_round=4 * lab.profile.steps_per_round)
         fast = speed(lab, "07-int8-speedup", cmp.speedup.median)
         fast = dataclasses.replace(fast, note=(fast.note + "; " if fast.note else "") +
-                                   f"{cmp}; both compiled with your 05 compile_inference, batches of {len(batch)}",
+                                   f"{cmp}; both compiled the lab's way (torch.compile, freezing on), "
+                                   f"batches of {len(batch)}",
                                    details=cmp.summary())
     else:
         fast = speed(lab, "07-int8-speedup", None, correct=correct, why_incorrect=why,

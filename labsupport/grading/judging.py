@@ -1,9 +1,10 @@
 """The judge: a notebook's verdicts decided by a process that never runs the student's code.
 
 ``python -P -m labsupport.grading.judging SPEC.json`` is what ``python -m autograder grade`` runs for
-the notebooks in :data:`NOTEBOOKS` (the others still go through :mod:`.verdict`). It starts two
-workers (:mod:`.worker`), each in the submission's sandbox: one that loads the student's carried
-code, and one that loads none and serves labsupport's baseline. Then it runs the notebook's own
+every notebook where :func:`judges` says so (02 on CUDA and 06 on GPUs still go through
+:mod:`.verdict`). It starts two workers (:mod:`.worker`), each in the submission's sandbox: one
+that loads the student's carried code, and one that loads none and serves labsupport's baseline
+(01 and 07 need none). Then it runs the notebook's own
 checks (the same functions the self-check runs) with the workers' outputs:
 
 - **Timed from outside.** Every timed call is a request to a worker and its reply, on the judge's
@@ -40,28 +41,31 @@ import threading
 import time
 from pathlib import Path
 
-NOTEBOOKS = ("01", "02", "03", "04", "05", "06")  # decided here; 07 by the verdict process (grading/verdict.py) for now
+NOTEBOOKS = ("01", "02", "03", "04", "05", "06", "07")  # decided here (judges(): 02 and 06 not on every device)
 # The student's functions each judged notebook calls, by name: the judge asks its worker for them.
 GRADED = {"01": ("measure_throughput", "diagnose", "top_operators"), "02": ("make_fast_loader",),
           "03": ("amp_train_step", "choose_precision"), "04": ("checkpointed", "accumulate_step"),
           "05": ("compile_inference", "break_even_steps"),
-          "06": ("assemble_ladder",)}
-# Notebooks compared with a baseline that a worker of its own serves (01 has none: its checks
-# measure what they compare with themselves, in the judge, and 01's rung is the naive step's).
+          "06": ("assemble_ladder",), "07": ("prune_globally", "make_permanent", "quantize_int8")}
+# Notebooks compared with a baseline that a worker of its own serves (01 and 07 have none: their
+# checks measure what they compare with themselves, in the judge; 01's rung is the naive step's,
+# and 07 trains and compiles its fp32 model here).
 BASELINE = ("02", "03", "04", "05", "06")
 # Earlier notebooks' carried code a judged notebook's worker loads beside its own (03, 04 and 05:
 # the rung is the student's 03 step, for 04 checkpointed, for 05 compiled, fed by their 02 loader;
 # 05 infers in their 03 precision; 06's pipeline is their 02 loader, 03 step and 05 compile choice).
-EARLIER_CODE = {"01": (), "02": (), "03": ("02",), "04": ("02", "03"), "05": ("02", "03"), "06": ("02", "03", "05")}
+EARLIER_CODE = {"01": (), "02": (), "03": ("02",), "04": ("02", "03"), "05": ("02", "03"), "06": ("02", "03", "05"),
+                "07": ()}
 # Notebooks whose checks read the ladder (every rung recorded so far) and the report the kernel
 # exported: the grader hands the judge its own copies of both (``inputs/rungs``, ``inputs/report.html``).
 READS_LADDER = ("06",)
 
 
 def judges(number: str, profile: str) -> bool:
-    """Whether the judge decides notebook ``number`` under ``profile``: 01, 03, 04 and 05 everywhere
-    (only losses, sampled updates, weights, logits, timings and profiler tables cross; 05's
-    judge's tests passed on an H200, 01's, 03's and 04's have not run on a GPU); 02 off CUDA and 06 off GPUs. On CUDA, 02's batches would cross to the judge
+    """Whether the judge decides notebook ``number`` under ``profile``: 01, 03, 04, 05 and 07
+    everywhere (only losses, sampled updates, weights, logits, timings, profiler tables and 07's
+    exported model as data cross; 05's judge's tests passed on an H200, the others' have not run
+    on a GPU; 07 runs on the CPU on every class); 02 off CUDA and 06 off GPUs. On CUDA, 02's batches would cross to the judge
     through host memory (the lab's largest, 157 MB at 160 px), which no loader pays in a notebook;
     sharing them through CUDA IPC instead is not yet built. 06 grades a whole pipeline, whose
     asynchronous steps (no ``loss.item()`` every step) are part of what it measures, and every
@@ -77,8 +81,9 @@ LOG_CHARS = 2000  # of a worker's own output, kept for a failure's message
 REPLY_TIMEOUT_S = 300.0
 # Requests that may take long whatever reply_timeout_s says: the worker's start-up (importing
 # torch), a first compiled call (05), the rung's first batch (a loader may decode its split
-# first) and its steps, whose first ones compile, and 06's pipeline (its loader, built).
-SLOW_OPS = ("load", "cold", "rung_batch", "rung_step", "pipeline")
+# first) and its steps, whose first ones compile, 06's pipeline (its loader, built), and 07's
+# pruning (a fine-tune) and quantisation (calibration and export).
+SLOW_OPS = ("load", "cold", "rung_batch", "rung_step", "pipeline", "pruned", "quantized")
 # The judge's OpenMP threads sleep when their work is done rather than spin: mostly the judge waits
 # for a worker, and its spinning threads took the cores from the worker computing. 02's reference
 # loader served a batch in 8 ms in one process, in 21 ms from a worker beside a judge with two
@@ -366,6 +371,39 @@ class Sides:
         except ValueError:
             raise StudentCodeError("assemble_ladder's table could not be read") from None
 
+    def _send_weights(self, op: str, weights: dict) -> tuple[Worker, dict]:
+        """Send fp32 ``weights`` to the student's worker with request ``op`` (07); its reply."""
+        from . import wire
+
+        worker = self.workers["candidate"]
+        names = list(weights)
+        described = wire.put(worker.view, [weights[n] for n in names])
+        return worker, worker.request(op, names=names, tensors=described)
+
+    def pruned(self, weights: dict):
+        """07: the student's pruning on ``weights`` in their worker
+        (:meth:`~.g07_compression.Here.pruned`); the weights it left come back as plain tensors."""
+        from . import StudentCodeError
+        from .g07_compression import Pruned
+
+        worker, reply = self._send_weights("pruned", weights)
+        names, tensors = reply.get("names"), worker.tensors(reply)
+        if not isinstance(names, list) or len(names) != len(tensors) or not isinstance(reply.get("all"), list):
+            raise StudentCodeError("the pruned model's weights did not come back")
+        try:
+            return Pruned(dict(zip((str(n) for n in names), tensors)), [str(n) for n in reply["all"]],
+                          float(reply["masked"]), bool(reply["masks_through_tune"]), int(reply["hooks"]))
+        except (KeyError, TypeError, ValueError):
+            raise StudentCodeError("the pruned model's record did not come back") from None
+
+    def quantized(self, weights: dict):
+        """07: the student's ``quantize_int8`` on ``weights`` in their worker, exported there; its
+        description comes back as data (:class:`~.exported.Described`), rebuilt by the check."""
+        from .exported import Described
+
+        worker, reply = self._send_weights("quantized", weights)
+        return Described.decoded(worker.tensors(reply))
+
     def inference(self, side: str, dtype) -> RemoteInference:
         """05: the model on one batch in ``dtype``, in ``side``'s worker: eager for the baseline,
         as the student's ``compile_inference`` returned it for the candidate."""
@@ -420,16 +458,16 @@ def _stand_in(name: str):
     return refuse
 
 
-# 03's, 04's and 06's weights, gradients and BatchNorm buffers cross whole (ResNet-18's 11.2 M
-# float32 parameters: 45 MB).
+# 03's, 04's, 06's and 07's weights, gradients and BatchNorm buffers cross whole (ResNet-18's
+# 11.2 M float32 parameters: 45 MB; 07's int8 model, 11 MB).
 MODEL_BYTES = 48 * 2**20
 
 
 def buffer_bytes(profile, number: str = "") -> int:
     """The shared buffer a worker's batch crosses: twice a float32 batch of the profile, 1 MiB more;
-    for 03, 04 and 06, at least a model's state."""
+    for 03, 04, 06 and 07, at least a model's state."""
     batch = 2 * profile.batch_size * 3 * profile.image_size ** 2 * 4 + 2**20
-    return max(batch, MODEL_BYTES + 2**20) if number in ("03", "04", "06") else batch
+    return max(batch, MODEL_BYTES + 2**20) if number in ("03", "04", "06", "07") else batch
 
 
 def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> dict | None:

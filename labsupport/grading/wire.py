@@ -23,7 +23,7 @@ import torch
 
 MESSAGE_BYTES = 64 * 2**10
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64, "uint8": torch.uint8, "int64": torch.int64, "int32": torch.int32,
+          "float64": torch.float64, "uint8": torch.uint8, "int8": torch.int8, "int64": torch.int64, "int32": torch.int32,
           "bool": torch.bool}
 ALIGN = 64  # each tensor starts on a cache line
 

@@ -9,9 +9,8 @@ is either
   and builds and runs what the judge asks for with the student's functions; or
 - ``baseline``: it loads no student code at all, and builds the same things with labsupport's
   own versions (02's naive loader, 03's fp32 step, 04's plain step, 05's eager model, 06's naive
-  pipeline), so
-  the baseline pays exactly the student's cost of being driven from outside. 01 has no baseline
-  worker: what its checks compare with, they measure in the judge.
+  pipeline), so the baseline pays exactly the student's cost of being driven from outside. 01
+  and 07 have no baseline worker: what their checks compare with, they measure in the judge.
 
 Each request is answered by :class:`Served`'s method of its name (``op_<name>``).
 What a worker sends back is numbers: tensors copied into the judge's shared buffer, counts, and
@@ -264,6 +263,41 @@ class Served:
         if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
             return {"tensors": wire.put(self.view, value)}
         return {"value": value}
+
+    def _here_07(self):
+        from labsupport.grading import g07_compression
+
+        if not self.student:
+            raise PermissionError("the baseline's worker holds no student code (07)")
+        return g07_compression.Here(self.namespace, self.lab)
+
+    def _weights(self, request) -> dict:
+        """The fp32 weights the judge sent: its names, and the tensors in the shared buffer."""
+        from labsupport.grading import wire
+
+        names, tensors = request["names"], wire.take(self.view, request["tensors"])
+        if len(names) != len(tensors):
+            raise ValueError("weights sent without their names")
+        return dict(zip((str(n) for n in names), tensors))
+
+    def op_pruned(self, request) -> dict:
+        """07: the student's pruning, fine-tuned and made permanent, on the fp32 weights sent; the
+        weights it left, named as fp32's (:class:`~labsupport.grading.g07_compression.Pruned`)."""
+        from labsupport.grading import wire
+
+        got = self._here_07().pruned(self._weights(request))
+        names = list(got.state)
+        return {"names": names, "tensors": wire.put(self.view, [got.state[n] for n in names]),
+                "all": [n[:200] for n in got.names[:2000]], "masked": float(got.masked),
+                "masks_through_tune": bool(got.masks_through_tune), "hooks": int(got.hooks)}
+
+    def op_quantized(self, request) -> dict:
+        """07: the student's ``quantize_int8`` on the fp32 weights sent, exported and described as
+        data (:mod:`~labsupport.grading.exported`): its nodes as JSON bytes, then its tensors."""
+        from labsupport.grading import wire
+
+        described = self._here_07().quantized(self._weights(request))
+        return {"tensors": wire.put(self.view, [described.encoded(), *described.tensors])}
 
     def op_rung(self, request) -> dict:
         """Set up this notebook's rung: the student's 03 step (for 05 compiled), fed by their 02 loader."""
