@@ -817,3 +817,31 @@ _exported.OPERATORS = frozenset(["anything"])
     assert "weight_orig and weight_mask" in checks["07-sparsity"]["note"] and checks["07-sparsity"]["measured"] == 0
     assert "does not compute with int8 weights" in checks["07-int8-size"]["note"], checks["07-int8-size"]
     assert checks["07-int8-size"]["measured"] > 0.9, checks["07-int8-size"]
+
+
+def test_07_a_described_model_is_rebuilt_from_allowlisted_operators_and_plain_arguments_only():
+    """What crosses for 07's int8 model is data: an operator outside the list, a keyword that is not
+    the operator's own (it would become Python source in the rebuilt forward), a reference to a
+    later node or a tensor not sent are refused, naming what; the honest form rebuilds and runs."""
+    from labsupport.grading.exported import Described, NotAModel, describe, rebuild
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 6 * 6, 2)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    described = describe(model, x)
+    with torch.no_grad():
+        assert torch.allclose(rebuild(Described.decoded([described.encoded(), *described.tensors]))(x), model(x))
+    call = next(i for i, n in enumerate(described.nodes) if n["op"] == "call")
+    bad = {
+        "an operator outside the list": {**described.nodes[call], "target": "aten.from_file.default"},
+        "a keyword that is source code": {**described.nodes[call], "kwargs": {"x=__import__('os').system('id'), y": 1}},
+        "a reference to a later node": {**described.nodes[call], "args": [{"node": len(described.nodes) - 1}]},
+    }
+    for what, node in bad.items():
+        nodes = list(described.nodes)
+        nodes[call] = node
+        with pytest.raises(NotAModel):
+            rebuild(Described(nodes, described.tensors))
+            pytest.fail(what)
+    with pytest.raises(NotAModel):
+        rebuild(Described([{"op": "tensor", "index": 99}, *described.nodes], described.tensors))

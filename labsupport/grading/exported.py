@@ -205,11 +205,18 @@ def rebuild(described: Described) -> torch.fx.GraphModule:
         elif kind == "unused":
             made.append(None)
         elif kind == "call":
+            target = _operator(node.get("target"))
             args, kwargs = decode(node.get("args")), node.get("kwargs")
-            if not isinstance(args, list) or not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise NotAModel("an operator whose arguments are not a list and a dict")
-            made.append(graph.call_function(_operator(node.get("target")), tuple(args),
-                                            {k: decode(v) for k, v in kwargs.items()}))
+            # A keyword becomes Python source in the GraphModule's forward: only the operator's own
+            # argument names are accepted.
+            named = {a.name for a in target._schema.arguments} if hasattr(target, "_schema") else set()
+            stray = [k for k in kwargs if k not in named]
+            if stray:
+                raise NotAModel(f"an operator {node.get('target')} called with an argument it does not have: "
+                                f"{str(stray[0])[:60]}")
+            made.append(graph.call_function(target, tuple(args), {k: decode(v) for k, v in kwargs.items()}))
         elif kind == "output":
             args = decode(node.get("args"))
             if not isinstance(args, list) or len(args) != 1:
