@@ -46,6 +46,16 @@ FINE_TUNE_LR = 0.01  # its peak learning rate (one-cycle); the fp32 run peaks at
 CALIBRATION_BATCHES = 8  # training batches of SERVE_BATCH the quantiser observes
 AMOUNT = 0.5  # the share of the weights pruned (the course's lab variant prunes 50%)
 CPU = torch.device("cpu")
+# Knowledge distillation: a small network trained from the fp32 ResNet-18 (the teacher) with
+# alpha * task + (1 - alpha) * T^2 * KL(teacher || student) at temperature T, against the same
+# network trained alone, the same steps on the same batches. Measured on class cpu (3 seeds, 160
+# steps at 32 px): trained alone 83.6-85.8%, distilled with alpha 0.5 and T 4 84.5-88.9%, ahead by
+# 0.9-3.5 points in each seed.
+DISTILL_ALPHA = 0.5
+DISTILL_TEMPERATURE = 4.0
+DISTILL_STEPS = 160
+DISTILL_LR = 0.05  # peak of the one-cycle schedule (SGD, momentum 0.9, weight decay 5e-4)
+DISTILL_SEEDS = (0, 1)  # each trained pair, its own seeded weights and batches: the gap is their mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +113,55 @@ def fine_tune(model: nn.Module, lab: hardware.Lab, data: Data, *, progress: bool
                      steps=steps_for(lab.profile, FINE_TUNE_STEPS), batch_size=train.PARITY_BATCH_SIZE,
                      seed=lab.seed + 1, progress=progress, max_lr=FINE_TUNE_LR, validate=False)
     return step.model.to(CPU).eval()
+
+
+def small_network(seed: int = 0, width: int = 16) -> nn.Module:
+    """The small network 07 distils into: three 3 x 3 convolutions (16, 32, 64 channels) with
+    BatchNorm and ReLU, pooling, and a linear classifier; 24 k parameters against ResNet-18's 11.2 M."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        w = width
+        return nn.Sequential(
+            nn.Conv2d(3, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(2 * w, 4 * w, 3, padding=1), nn.BatchNorm2d(4 * w), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(), nn.Linear(4 * w, 10))
+
+
+def train_small(lab: hardware.Lab, data: Data, *, seed: int, teacher: nn.Module | None = None,
+                loss=None, progress: bool = False) -> nn.Module:
+    """:func:`small_network` trained on the CPU for :data:`DISTILL_STEPS` (2 on a profile that
+    grades no speed), with batches and flips drawn from ``seed``: alone (cross-entropy) when
+    ``teacher`` is None, else with ``loss(student_logits, teacher_logits, labels, alpha,
+    temperature)`` at :data:`DISTILL_ALPHA` and :data:`DISTILL_TEMPERATURE`, the teacher's logits
+    computed on the same batch. Returned in eval mode."""
+    import torch.nn.functional as F
+
+    model = small_network(seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=DISTILL_LR, momentum=0.9, weight_decay=5e-4)
+    steps = steps_for(lab.profile, DISTILL_STEPS)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=DISTILL_LR, total_steps=steps, pct_start=0.25)
+    g = torch.Generator().manual_seed(seed)
+    loop = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+        loop = tqdm(loop, desc="distilling" if teacher is not None else "training alone", leave=False)
+    model.train()
+    for _ in loop:
+        idx = torch.randint(0, len(data.train_labels), (train.PARITY_BATCH_SIZE,), generator=g)
+        x, y = data.train_images[idx], data.train_labels[idx]
+        x = torch.where((torch.rand(len(idx), generator=g) < 0.5).view(-1, 1, 1, 1), x.flip(3), x)
+        if teacher is None:
+            value = F.cross_entropy(model(x), y)
+        else:
+            with torch.no_grad():
+                taught = teacher(x)
+            value = loss(model(x), taught, y, DISTILL_ALPHA, DISTILL_TEMPERATURE)
+        model.zero_grad(set_to_none=True)
+        value.backward()
+        optimizer.step()
+        schedule.step()
+    return model.eval()
 
 
 def prunable(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -46,8 +46,8 @@ NOTEBOOKS: tuple[Notebook, ...] = (
              "05-compile", "+compile", "torch.compile of your mixed-precision training step", "03-amp"),
     Notebook("06", "06_report.ipynb", "the comparison report", ("assemble_ladder",)),
     # Inference, not training: no rung of the ladder; 06's report shows it in a section of its own.
-    Notebook("07", "07_compression.ipynb", "pruning and int8 quantisation",
-             ("prune_globally", "make_permanent", "quantize_int8")),
+    Notebook("07", "07_compression.ipynb", "pruning, int8 quantisation and distillation",
+             ("prune_globally", "make_permanent", "quantize_int8", "distillation_loss")),
     # Optional and not graded: released with the others, neither collected nor graded.
     Notebook("08", "08_distributed.ipynb", "distributed data parallel (optional)", ()),
 )

@@ -695,7 +695,9 @@ def test_07_reference_passes_and_missing_code_fails():
     found = checks.run("07", solution("07"), keep=False)
     assert {k: r.status for k, r in found.items()} == {
         "07-sparsity": "pass", "07-pruned-accuracy": "n/a", "07-int8-size": "pass",
-        "07-int8-speedup": "n/a", "07-int8-accuracy": "n/a"}, {k: r.note for k, r in found.items()}
+        "07-int8-speedup": "n/a", "07-int8-accuracy": "n/a", "07-distill-loss": "pass",
+        "07-distill-accuracy": "n/a"}, {k: r.note for k, r in found.items()}
+    assert found["07-distill-loss"].measured < 1e-5, found["07-distill-loss"]
     assert abs(found["07-sparsity"].measured - 0.5) < 0.005 and found["07-int8-size"].measured < 0.26
 
 
@@ -773,6 +775,49 @@ def test_07_a_model_that_is_not_int8_fails_size_and_its_partners():
         assert size.status == "fail" and "does not compute with int8 weights" in size.note, (name, size)
         assert found["07-int8-speedup"].status == found["07-int8-accuracy"].status == "fail", name
         assert size.measured > 0.45, (name, size)  # fp16's half, or all of fp32's bytes
+
+
+def test_07_distillation_losses_with_the_usual_mistakes_fail_naming_them():
+    """The soft term without T^2, with T, the KL the wrong way round, the teacher left out, and a
+    loss that overflows on large logits: each fails the loss check, and the accuracy check
+    fails with it (no accuracy earned for a loss that is not the distillation loss)."""
+    import torch.nn.functional as F
+
+    def made(scale=None, reverse=False, teacher=True, naive=False):
+        def loss(s, t, y, alpha, temperature):
+            if not teacher:
+                return F.cross_entropy(s, y)
+            if naive:  # softmax, then log: overflows where the logits are large
+                p, q = torch.softmax(t / temperature, 1), torch.softmax(s / temperature, 1)
+                soft = (p * (p.log() - q.log())).sum(1).mean()
+            else:
+                a, b = F.log_softmax(s / temperature, 1), F.log_softmax(t / temperature, 1)
+                soft = F.kl_div(b, a, log_target=True, reduction="batchmean") if reverse else \
+                    F.kl_div(a, b, log_target=True, reduction="batchmean")
+            k = temperature ** 2 if scale is None else scale(temperature)
+            return alpha * F.cross_entropy(s, y) + (1 - alpha) * k * soft
+        return loss
+    cases = {"not multiplied by T^2": made(scale=lambda t: 1.0), "multiplied by T, not T^2": made(scale=lambda t: t),
+             "wrong way round": made(reverse=True), "teacher is left out": made(teacher=False),
+             "or its gradient differs": made(naive=True)}
+    for said, loss in cases.items():
+        ns = solution("07")
+        ns["distillation_loss"] = loss
+        found = checks.run("07", ns, only=("07-distill-loss",), keep=False)
+        assert found["07-distill-loss"].status == "fail" and said in found["07-distill-loss"].note, (said, found)
+        assert found["07-distill-accuracy"].status == "fail", (said, found["07-distill-accuracy"])
+
+
+def test_07_distillation_is_graded_where_the_profile_grades_accuracy(monkeypatch):
+    """At a profile that grades speed (tiny, with a few steps), the distilled and the alone networks
+    are trained, one pair per seed, and the gap is measured: the code path of the real profile."""
+    monkeypatch.setenv("LAB_PROFILE", "tiny:grades_speed=1")
+    monkeypatch.setattr(ls.compress, "TRAIN_STEPS", 2)
+    monkeypatch.setattr(ls.compress, "DISTILL_STEPS", 3)
+    found = checks.run("07", solution("07"), only=("07-distill-loss",), keep=False)
+    accurate = found["07-distill-accuracy"]
+    assert accurate.status in ("pass", "fail") and accurate.measured is not None, accurate
+    assert len(accurate.details["alone"]) == len(ls.compress.DISTILL_SEEDS), accurate
 
 
 def test_07_int8_speed_is_graded_at_a_profile_that_grades_speed(monkeypatch):

@@ -38,7 +38,7 @@ POINTS = {  # grade id -> points, read from the masters (asserted against them b
     "05_compile": {"test_compile_speedup": 3, "test_break_even": 2},
     "06_report": {"test_stages": 2, "test_ladder_table": 2, "test_end_to_end": 3, "test_html": 1},
     "07_compression": {"test_sparsity": 2, "test_pruned_accuracy": 1, "test_int8_size": 2, "test_int8_speedup": 2,
-                       "test_int8_accuracy": 1},
+                       "test_int8_accuracy": 1, "test_distill_loss": 1, "test_distill_accuracy": 1},
 }
 
 # What each scenario loses, cell by cell, on the tiny profile: {notebook: cells that score 0}.
@@ -659,7 +659,7 @@ def test_the_forged_verdict_never_reaches_what_decides_02(graded):
     assert page.index("The grader's verdicts") < page.index("student's self-check")
     assert not any("forged" in d["note"] for d in kept["decided"].values())  # (the page shows its source)
     table = grade.summary(graded["grades"])
-    assert table.loc["reference", "automatic max"] == sum(sum(c.values()) for c in POINTS.values())  # 55
+    assert table.loc["reference", "automatic max"] == sum(sum(c.values()) for c in POINTS.values())  # 57
     assert table.loc["reference", "max"] == table.loc["reference", "automatic max"] + 4  # 06's analysis
 
 

@@ -763,7 +763,8 @@ def checkpointed(model, segments):
 # 07 --------------------------------------------------------------------------------------------
 
 STATUSES_07 = {"07-sparsity": "pass", "07-pruned-accuracy": "n/a", "07-int8-size": "pass",
-               "07-int8-speedup": "n/a", "07-int8-accuracy": "n/a"}
+               "07-int8-speedup": "n/a", "07-int8-accuracy": "n/a", "07-distill-loss": "pass",
+               "07-distill-accuracy": "n/a"}
 
 
 def test_07_reference_is_judged_correct_in_its_worker(tmp_path, tiny_data, reference_code):
@@ -780,8 +781,9 @@ def test_07_reference_is_judged_correct_in_its_worker(tmp_path, tiny_data, refer
 def test_07_a_worker_that_reports_int8_and_pruned_for_an_fp32_model_earns_nothing(tmp_path, tiny_data,
                                                                                   reference_code):
     """The release's answers replaced by cheats that also bend, in their own worker, what 07
-    measures with (the sparsity count, the int8 reading, the description of a model): int8
-    copies held while the fp32 model computes, and masks left in place. The judge counts and
+    measures with (the sparsity count, the int8 reading, the description of a model, the
+    distillation check): int8 copies held while the fp32 model computes, masks left in place,
+    and a distillation loss without the teacher. The judge counts and
     reads the weights and the exported graph itself: every check fails."""
     code = reference_code["07"] + """
 
@@ -807,6 +809,14 @@ def make_permanent(model):
     return model  # the masks stay: weight_orig is dense
 
 
+def distillation_loss(student_logits, teacher_logits, labels, alpha, temperature):
+    return torch.nn.functional.cross_entropy(student_logits, labels)  # no teacher
+
+
+_g07 = __import__("labsupport.grading.g07_compression", fromlist=["x"])
+_g07._distill_errors = lambda cases, got: (0.0, "")  # the worker's copy of the check, bent
+
+
 _compress.computed_with = lambda model, batch: _compress.ComputedWith(11_000_000, 11_000_000)
 _compress.sparsity = lambda model: _compress.Sparsity(5_590_000, 11_180_000, ())
 _exported.OPERATORS = frozenset(["anything"])
@@ -817,6 +827,7 @@ _exported.OPERATORS = frozenset(["anything"])
     assert "weight_orig and weight_mask" in checks["07-sparsity"]["note"] and checks["07-sparsity"]["measured"] == 0
     assert "does not compute with int8 weights" in checks["07-int8-size"]["note"], checks["07-int8-size"]
     assert checks["07-int8-size"]["measured"] > 0.9, checks["07-int8-size"]
+    assert "teacher is left out" in checks["07-distill-loss"]["note"], checks["07-distill-loss"]
 
 
 def test_07_a_described_model_is_rebuilt_from_allowlisted_operators_and_plain_arguments_only():

@@ -159,6 +159,27 @@ class Here:
             except exported.NotAModel as err:
                 raise StudentCodeError(str(err)) from None
 
+    def distill_losses(self, cases: list[Case]) -> list[tuple[float, torch.Tensor]]:
+        """``distillation_loss`` on each crafted case: its value, and its gradient with respect to the
+        student's logits."""
+        fn = student(self.namespace, "distillation_loss", "07")
+        out = []
+        for case in cases:
+            logits = case.student.clone().requires_grad_(True)
+            value = fn(logits, case.teacher.clone(), case.labels.clone(), case.alpha, case.temperature)
+            if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
+                raise StudentCodeError("distillation_loss must return a one-element tensor computed from the "
+                                       f"student's logits (it returned {type(value).__name__})")
+            value.backward()
+            grad = logits.grad if logits.grad is not None else torch.zeros_like(logits)
+            out.append((float(value.detach()), grad.detach().float()))
+        return out
+
+    def distilled(self, lab, data: compress.Data, teacher: torch.nn.Module, seed: int) -> torch.nn.Module:
+        """The small network distilled from ``teacher`` with the student's ``distillation_loss``."""
+        fn = student(self.namespace, "distillation_loss", "07")
+        return compress.train_small(lab, data, seed=seed, teacher=teacher, loss=fn)
+
 
 def _judged_pruning(fp32: torch.nn.Module, got: Pruned) -> tuple[torch.nn.Module, list[str]]:
     """A copy of ``fp32`` holding the pruned weights that came back, and what is wrong with them."""
@@ -285,3 +306,125 @@ def int8(namespace, lab, sides=None):
         acc = compress.accuracy(q, data.val_images, data.val_labels) if correct else 0.0
     accurate = _gap_check("07-int8-accuracy", lab, fp32_acc, acc, correct=correct, why=why, what="int8")
     return [small, fast, accurate]
+
+
+@dataclasses.dataclass
+class Case:
+    """One crafted input of ``distillation_loss``."""
+
+    student: torch.Tensor  # (batch, classes) logits
+    teacher: torch.Tensor
+    labels: torch.Tensor
+    alpha: float
+    temperature: float
+
+
+def distillation_reference(student_logits, teacher_logits, labels, alpha: float, temperature: float, *,
+                           soft_scale: float | None = None, reverse: bool = False, task_only: bool = False):
+    """What the check compares with: ``alpha * CE + (1 - alpha) * T^2 * KL(teacher || student)`` at
+    temperature T, the KL averaged over the batch. The keywords make the usual mistakes, which the
+    check names when a student's loss matches one: another scale of the soft term, the KL the wrong
+    way round, the teacher left out (the task loss alone)."""
+    import torch.nn.functional as F
+
+    if task_only:
+        return F.cross_entropy(student_logits, labels)
+    mine, theirs = F.log_softmax(student_logits / temperature, 1), F.log_softmax(teacher_logits / temperature, 1)
+    if reverse:
+        mine, theirs = theirs, mine
+    kl = (theirs.exp() * (theirs - mine)).sum(1).mean()  # KL(teacher || student), per image
+    scale = temperature ** 2 if soft_scale is None else soft_scale
+    return alpha * F.cross_entropy(student_logits, labels) + (1 - alpha) * scale * kl
+
+
+MISTAKES = {  # what a loss that matches one of these instead is told, and the keywords that make it
+    "the soft term is not multiplied by T^2 (its gradients shrink as 1/T^2)": lambda case: {"soft_scale": 1.0},
+    "the soft term is multiplied by T, not T^2": lambda case: {"soft_scale": case.temperature},
+    "the KL divergence is the wrong way round: KL(teacher || student) is the soft term": lambda case: {"reverse": True},
+    "the teacher is left out: only the task loss is there": lambda case: {"task_only": True},
+}
+MAX_LOSS_ERROR = 1e-3  # relative, on the loss and on its gradient (float32 against float64: about 1e-6)
+
+
+def distill_cases(seed: int = 0) -> list[Case]:
+    """Crafted logits: seeded, 16 images of 10 classes, at several weights and temperatures, one
+    case with large logits (a loss that does not compute in log space overflows there)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for alpha, temperature, scale in ((0.5, 4.0, 3.0), (0.1, 2.0, 3.0), (0.9, 1.0, 3.0), (0.0, 8.0, 3.0),
+                                      (1.0, 4.0, 3.0), (0.5, 1.0, 100.0)):
+        out.append(Case(scale * torch.randn(16, 10, generator=g), scale * torch.randn(16, 10, generator=g),
+                        torch.randint(0, 10, (16,), generator=g), alpha, temperature))
+    return out
+
+
+def _distill_errors(cases: list[Case], got: list[tuple[float, torch.Tensor]]) -> tuple[float, str]:
+    """The largest relative error of the student's losses and gradients against the reference's,
+    and what is wrong (empty when within :data:`MAX_LOSS_ERROR`)."""
+    def against(case, **kw) -> tuple[float, torch.Tensor]:
+        logits = case.student.double().requires_grad_(True)
+        value = distillation_reference(logits, case.teacher.double(), case.labels, case.alpha, case.temperature, **kw)
+        value.backward()
+        return float(value), logits.grad
+
+    def error(mine, want) -> float:
+        (value, grad), (v, g) = mine, want
+        if grad.shape != g.shape or not torch.isfinite(grad).all() or value != value:
+            return float("inf")
+        return max(abs(value - v) / max(abs(v), 1e-6), float((grad.double() - g).abs().max() / g.abs().max().clamp_min(1e-12)))
+
+    if len(got) != len(cases):
+        return float("inf"), f"{len(got)} answers to {len(cases)} cases"
+    worst, where = 0.0, None
+    for case, mine in zip(cases, got):
+        e = error(mine, against(case))
+        if e > worst:
+            worst, where = e, (case, mine)
+    if worst <= MAX_LOSS_ERROR:
+        return worst, ""
+    case, mine = where
+    why = (f"with alpha {case.alpha} and T {case.temperature} your loss is {mine[0]:.6g}, the distillation "
+           f"loss {against(case)[0]:.6g}")
+    for mistake, made in MISTAKES.items():
+        if all(error(m, against(c, **made(c))) <= MAX_LOSS_ERROR for c, m in zip(cases, got)):
+            return worst, f"{why}: {mistake}"
+    return worst, why + " (or its gradient differs)"
+
+
+@register("07-distill-loss", "07-distill-accuracy")
+def distillation(namespace, lab, sides=None):
+    """The student's ``distillation_loss`` exact on crafted logits (value and gradient), and, where
+    the profile grades accuracy, the small network distilled with it beating the same network
+    trained alone.
+
+    In the grader the loss runs in the student's worker on the crafted cases, and the judge trains
+    the distilled network itself with :func:`distillation_reference`, which the student's loss
+    has just been shown to compute (the training never calls student code, so a loss cannot act
+    differently there)."""
+    student(namespace, "distillation_loss", "07")
+    cases = distill_cases(lab.seed)
+    worst, why = _distill_errors(cases, (sides or Here(namespace, lab)).distill_losses(cases))
+    loss = judge("07-distill-loss", worst, lab.machine.as_dict(), correct=not why, why_incorrect=why,
+                 note=f"largest relative error {worst:.2g} over {len(cases)} crafted cases (loss and gradient)",
+                 details={"relative_error": worst})
+    correct = loss.status == "pass"
+    if not lab.profile.grades_speed and correct:
+        return [loss, CheckResult("07-distill-accuracy", None, None, "higher", lab.machine.device_class, "n/a",
+                                  f"profile {lab.profile.name} trains too briefly to compare accuracy; your loss is exact")]
+    if not correct:
+        return [loss, judge("07-distill-accuracy", None, lab.machine.as_dict(), correct=False,
+                            why_incorrect=f"distillation_loss is not the distillation loss ({why or loss.note})")]
+    data, teacher, _ = trained(lab)
+    alone, distilled = [], []
+    with compress.quiet():
+        for seed in compress.DISTILL_SEEDS:
+            alone.append(compress.accuracy(compress.train_small(lab, data, seed=seed), data.val_images, data.val_labels))
+            small = (sides or Here(namespace, lab)).distilled(lab, data, teacher, seed)
+            distilled.append(compress.accuracy(small, data.val_images, data.val_labels))
+    gap = 100 * (sum(distilled) - sum(alone)) / len(alone)
+    accurate = judge("07-distill-accuracy", gap, lab.machine.as_dict(),
+                     note=f"distilled {', '.join(f'{100 * a:.1f}%' for a in distilled)} against alone "
+                          f"{', '.join(f'{100 * a:.1f}%' for a in alone)} (seeds {list(compress.DISTILL_SEEDS)}, "
+                          f"{compress.DISTILL_STEPS} steps, alpha {compress.DISTILL_ALPHA}, T {compress.DISTILL_TEMPERATURE})",
+                     details={"distilled": distilled, "alone": alone})
+    return [loss, accurate]

@@ -46,7 +46,7 @@ NOTEBOOKS = ("01", "02", "03", "04", "05", "06", "07")  # decided here (judges()
 GRADED = {"01": ("measure_throughput", "diagnose", "top_operators"), "02": ("make_fast_loader",),
           "03": ("amp_train_step", "choose_precision"), "04": ("checkpointed", "accumulate_step"),
           "05": ("compile_inference", "break_even_steps"),
-          "06": ("assemble_ladder",), "07": ("prune_globally", "make_permanent", "quantize_int8")}
+          "06": ("assemble_ladder",), "07": ("prune_globally", "make_permanent", "quantize_int8", "distillation_loss")}
 # Notebooks compared with a baseline that a worker of its own serves (01 and 07 have none: their
 # checks measure what they compare with themselves, in the judge; 01's rung is the naive step's,
 # and 07 trains and compiles its fp32 model here).
@@ -403,6 +403,34 @@ class Sides:
 
         worker, reply = self._send_weights("quantized", weights)
         return Described.decoded(worker.tensors(reply))
+
+    def distill_losses(self, cases) -> list:
+        """07: the student's ``distillation_loss`` on each crafted case, in their worker: each value,
+        and its gradient with respect to the student's logits, as plain numbers and tensors."""
+        import torch
+
+        from . import StudentCodeError, wire
+
+        worker = self.workers["candidate"]
+        tensors = [torch.stack([c.student for c in cases]), torch.stack([c.teacher for c in cases]),
+                   torch.stack([c.labels for c in cases])]
+        reply = worker.request("distill_losses", tensors=wire.put(worker.view, tensors),
+                               alphas=[c.alpha for c in cases], temperatures=[c.temperature for c in cases])
+        values, (grads,) = reply.get("values"), worker.tensors(reply)
+        if not isinstance(values, list) or len(values) != len(cases) or grads.shape != tensors[0].shape \
+                or not all(isinstance(v, (int, float)) for v in values):
+            raise StudentCodeError("distillation_loss's values and gradients did not come back")
+        return [(float(v), g) for v, g in zip(values, grads)]
+
+    def distilled(self, lab, data, teacher, seed: int):
+        """07: the small network distilled from ``teacher``, trained here with the loss the student's
+        ``distillation_loss`` was just shown to compute (:func:`~.g07_compression.distillation_reference`):
+        no student code runs in a training the judge then evaluates."""
+        from labsupport import compress
+
+        from .g07_compression import distillation_reference
+
+        return compress.train_small(lab, data, seed=seed, teacher=teacher, loss=distillation_reference)
 
     def inference(self, side: str, dtype) -> RemoteInference:
         """05: the model on one batch in ``dtype``, in ``side``'s worker: eager for the baseline,

@@ -299,6 +299,19 @@ class Served:
         described = self._here_07().quantized(self._weights(request))
         return {"tensors": wire.put(self.view, [described.encoded(), *described.tensors])}
 
+    def op_distill_losses(self, request) -> dict:
+        """07: the student's ``distillation_loss`` on the crafted cases sent (student and teacher
+        logits, labels; a weight and a temperature each): its values and gradients."""
+        import torch
+
+        from labsupport.grading import g07_compression, wire
+
+        students, teachers, labels = wire.take(self.view, request["tensors"])
+        cases = [g07_compression.Case(s, t, y, float(a), float(temp)) for s, t, y, a, temp in
+                 zip(students, teachers, labels, request["alphas"], request["temperatures"])]
+        got = self._here_07().distill_losses(cases)
+        return {"values": [v for v, _ in got], "tensors": wire.put(self.view, [torch.stack([g for _, g in got])])}
+
     def op_rung(self, request) -> dict:
         """Set up this notebook's rung: the student's 03 step (for 05 compiled), fed by their 02 loader."""
         import dataclasses
