@@ -236,6 +236,10 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
         return nbs
     if scenario == "shortcuts":
         nbs = {n: ref[n] for n in ("02_data_loading", "03_amp", "04_checkpointing", "05_compile", "07_compression")}
+        _by_id(nbs["07_compression"], "distillation_loss").source = (  # a student trained without the teacher
+            "import torch.nn.functional as F\n\n\n"
+            "def distillation_loss(student_logits, teacher_logits, labels, alpha, temperature):\n"
+            "    return F.cross_entropy(student_logits, labels)  # the labels are what is graded, surely\n")
         _by_id(nbs["07_compression"], "quantize_int8").source = (
             "def quantize_int8(model, calibration):\n"
             "    with torch.no_grad():  # int8's rounding simulated in float32: its accuracy, without the export\n"
@@ -273,6 +277,9 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
         cell.source = _replace(cell.source, "    return model\n",
                                "    for m, name in layers:\n        prune.remove(m, name)  # done: zeros in the weights\n"
                                "    return model\n")
+        cell = _by_id(nbs["07_compression"], "distillation_loss")  # the soft term without its T^2
+        cell.source = _replace(cell.source, "return alpha * task + (1 - alpha) * t * t * soft",
+                               "return alpha * task + (1 - alpha) * soft")
         cell = _by_id(nbs["01_profile"], "torch_profiler")
         cell.source = _replace(cell.source, (
             '    with record_function("data wait"):\n        batch = next(batches)\n'

@@ -100,10 +100,11 @@ LOSES = {
     # the same weights; untimed, it trains them all, so the checks that time nothing keep their points); 04's one full-batch forward shows no micro-batches (its checkpointing
     # is the reference's); 05's eager model fires a forward hook in the timed calls (its
     # break_even_steps is right); 07's int8 rounding simulated in float32 stores no int8 weight
-    # (its pruning is the reference's).
+    # (its pruning is the reference's), and its distillation loss leaves the teacher out.
     "shortcuts": {"02_data_loading": set(POINTS["02_data_loading"]), "03_amp": {"test_amp_speedup"},
                   "04_checkpointing": {"test_accumulation"}, "05_compile": {"test_compile_speedup"},
-                  "07_compression": {"test_int8_size", "test_int8_speedup", "test_int8_accuracy"}},
+                  "07_compression": {"test_int8_size", "test_int8_speedup", "test_int8_accuracy", "test_distill_loss",
+                                     "test_distill_accuracy"}},
     # A real student's mistakes: the copy labelled as data wait (one of the five phases missing)
     # and operators ranked by total time, so a label and wrappers come first (01); labels shuffled
     # apart from their images (02), no scaler.update() (only the float16 check uses an enabled
@@ -111,11 +112,12 @@ LOSES = {
     # recomputation (every 04 check partnered with the gradient and statistics match;
     # accumulation does not checkpoint and keeps its points), pruning made permanent before the
     # fine-tune, which trains the zeros back (07: the pruned model's accuracy is not earned either;
-    # int8 keeps its points).
+    # int8 keeps its points), and the distillation loss's soft term without its T^2.
     "honest-bugs": {"01_profile": {"test_phases_labelled", "test_top_operators"},
                     "02_data_loading": set(POINTS["02_data_loading"]), "03_amp": {"test_fp16_scaler"},
                     "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"},
-                    "07_compression": {"test_sparsity", "test_pruned_accuracy"}},
+                    "07_compression": {"test_sparsity", "test_pruned_accuracy", "test_distill_loss",
+                                       "test_distill_accuracy"}},
     # The kernel's slowed PIL.Image.open never reaches the grader's baseline: full marks for a
     # correct loader, and the grader's speedup is the honest one (asserted below).
     "patched-baseline": {},
