@@ -71,19 +71,13 @@ def _gap_check(check: str, lab, fp32_acc: float, acc: float, *, correct: bool, w
 
 
 def _pruning_errors(model: torch.nn.Module, before: list[torch.Tensor], amount: float) -> tuple[float, list[str]]:
-    """``(sparsity, what is wrong)`` of a pruned, fine-tuned and permanent ``model``.
+    """``(sparsity, what is wrong)`` of the check's own copy of the network holding the weights a
+    pruning left (masks and hooks are :func:`_judged_pruning`'s to find).
 
     ``before`` holds each prunable layer's weight when ``prune_globally`` was called.
     """
     found = compress.sparsity(model)
     wrong = []
-    if found.masks_left:
-        wrong.append(f"{len(found.masks_left)} layers still hold weight_orig and weight_mask (first: "
-                     f"{found.masks_left[0]}): make_permanent must fold each mask into its weight "
-                     "with prune.remove(module, 'weight')")
-    hooks = [name for name, m in compress.prunable(model) if m._forward_pre_hooks]
-    if hooks and not found.masks_left:
-        wrong.append(f"{len(hooks)} layers still run forward pre-hooks (first: {hooks[0]})")
     if found.fraction > amount + 0.005:
         wrong.append(f"{found.fraction:.1%} of the weights are zero, more than the {amount:.0%} asked for")
     if found.fraction >= amount - 0.005 and not wrong:
