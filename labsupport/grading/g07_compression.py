@@ -113,9 +113,6 @@ class Here:
     def __init__(self, namespace: dict, lab):
         self.namespace, self.lab = namespace, lab
 
-    def focus(self, side: str | None) -> None:
-        pass
-
     def pruned(self, weights: dict[str, torch.Tensor]) -> Pruned:
         """``prune_globally(model, AMOUNT)``, the lab's fine-tune and ``make_permanent`` on a model
         holding ``weights``."""

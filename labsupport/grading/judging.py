@@ -399,10 +399,14 @@ class Sides:
     def quantized(self, weights: dict):
         """07: the student's ``quantize_int8`` on ``weights`` in their worker, exported there; its
         description comes back as data (:class:`~.exported.Described`), rebuilt by the check."""
-        from .exported import Described
+        from . import StudentCodeError
+        from .exported import Described, NotAModel
 
         worker, reply = self._send_weights("quantized", weights)
-        return Described.decoded(worker.tensors(reply))
+        try:
+            return Described.decoded(worker.tensors(reply))
+        except NotAModel as err:
+            raise StudentCodeError(str(err)) from None
 
     def distill_losses(self, cases) -> list:
         """07: the student's ``distillation_loss`` on each crafted case, in their worker: each value,
@@ -416,11 +420,11 @@ class Sides:
                    torch.stack([c.labels for c in cases])]
         reply = worker.request("distill_losses", tensors=wire.put(worker.view, tensors),
                                alphas=[c.alpha for c in cases], temperatures=[c.temperature for c in cases])
-        values, (grads,) = reply.get("values"), worker.tensors(reply)
-        if not isinstance(values, list) or len(values) != len(cases) or grads.shape != tensors[0].shape \
-                or not all(isinstance(v, (int, float)) for v in values):
+        values, grads = reply.get("values"), worker.tensors(reply)
+        if not isinstance(values, list) or len(values) != len(cases) or len(grads) != 1 \
+                or grads[0].shape != tensors[0].shape or not all(isinstance(v, (int, float)) for v in values):
             raise StudentCodeError("distillation_loss's values and gradients did not come back")
-        return [(float(v), g) for v, g in zip(values, grads)]
+        return [(float(v), g) for v, g in zip(values, grads[0])]
 
     def distilled(self, lab, data, teacher, seed: int):
         """07: the small network distilled from ``teacher``, trained here with the loss the student's
