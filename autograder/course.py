@@ -134,6 +134,17 @@ def graded_test_cells(nb) -> list[nbformat.NotebookNode]:
             and not cell.metadata["nbgrader"].get("solution")]
 
 
+def declared_checks(cell, notebook: str) -> list[str]:
+    """The check ids a graded test cell grades, as its master declares them in the cell's metadata
+    (``"lab": {"checks": ["02-loader-speedup"]}``); a CourseError naming the cell if it declares none.
+    The grader reads them from the masters only, never from a submission."""
+    checks = cell.metadata.get("lab", {}).get("checks")
+    if not checks or not all(isinstance(c, str) for c in checks):
+        raise CourseError(f"{notebook}, test cell {cell.metadata['nbgrader']['grade_id']}: declare the checks "
+                          'it grades in its metadata, as "lab": {"checks": ["NN-check-id", ...]}.')
+    return list(checks)
+
+
 def uncleared_cells(nb) -> list[int]:
     """Indices of code cells that still hold outputs or an execution count."""
     return [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"

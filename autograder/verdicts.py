@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import sys
 from dataclasses import asdict, dataclass
@@ -30,17 +29,17 @@ from labsupport.grading import judging
 
 from . import boundary, course, sandbox
 
-CHECK_ID = re.compile(r"""\[\s*["'](\d\d-[a-z0-9-]+)["']\s*\]""")
 ENV_KEPT = ("PATH", "LANG", "LC_ALL", "ONEDNN_MAX_CPU_ISA", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS")  # what the verdict process inherits from the grader
 
 
 def checks_by_cell(course_root: Path) -> dict[str, dict[str, list[str]]]:
-    """``{notebook: {test cell id: [check ids it requires]}}``, read from the masters' test cells."""
+    """``{notebook: {test cell id: [check ids it grades]}}``, as the masters' test cells declare them
+    (:func:`course.declared_checks`)."""
     out = {}
     for master in course.masters(course_root):
         nb = nbformat.read(master, as_version=4)
-        out[master.stem] = {cell.metadata["nbgrader"]["grade_id"]: CHECK_ID.findall(cell.source)
+        out[master.stem] = {cell.metadata["nbgrader"]["grade_id"]: course.declared_checks(cell, master.stem)
                             for cell in course.graded_test_cells(nb)}
     return out
 

@@ -124,3 +124,45 @@ def test_the_setup_cell_keeps_an_old_torch_and_says_what_to_do(monkeypatch):
     with pytest.raises(ModuleNotFoundError):
         exec(compile(source, "setup", "exec"), {})
     assert installed and installed[0][-1] == "file:///lab.zip"
+
+
+def test_registry_masters_grading_modules_and_thresholds_agree():
+    """A graded notebook is one row of labsupport/notebooks.py, one master with graded test cells,
+    one module of labsupport/grading registering its checks, and a bar per check in
+    thresholds.toml: each of them names the same notebooks and the same checks, so a notebook
+    left half-added fails here, saying where."""
+    import tomllib
+
+    from labsupport import grading, notebooks
+
+    graded = [nb.number for nb in notebooks.NOTEBOOKS if nb.graded]
+    assert [m.stem[:2] for m in course.graded_masters()] == graded, (
+        "the registry's graded notebooks (labsupport/notebooks.py, those that name what the student "
+        "writes) must be the masters with graded test cells")
+    registered = {number: [c for ids in grading.check_groups(number) for c in ids] for number in graded}
+    bars = tomllib.loads(grading.thresholds_path().read_text())["checks"]
+    assert sorted(bars) == sorted(c for checks in registered.values() for c in checks), (
+        "thresholds.toml must give a bar to every registered check, and to no other")
+    for master in course.graded_masters():
+        cells = course.graded_test_cells(_read(master))
+        declared = [c for cell in cells for c in course.declared_checks(cell, master.stem)]
+        assert sorted(declared) == sorted(registered[master.stem[:2]]), (
+            f"{master.name}: its test cells must declare each check its grading module registers, once")
+
+
+@pytest.mark.parametrize("master", course.graded_masters(), ids=lambda p: p.stem)
+def test_a_test_cell_requires_exactly_the_checks_it_declares(master):
+    """The grader scores a test cell on the checks its metadata declares; the cell's source, which
+    the student reads and the kernel runs, must require the same ones."""
+    import re
+
+    for cell in course.graded_test_cells(_read(master)):
+        required = re.findall(r"""\[\s*["'](\d\d-[a-z0-9-]+)["']\s*\]\.require\(\)""", cell.source)
+        assert required == course.declared_checks(cell, master.stem), (master.name, cell.metadata["nbgrader"]["grade_id"])
+
+
+def test_a_test_cell_that_declares_no_check_is_named():
+    cell = nbformat.v4.new_code_cell('"""Check that it is fast."""\ngraded["02-loader-speedup"].require()',
+                                     metadata={"nbgrader": {"grade": True, "grade_id": "test_fast", "points": 1}})
+    with pytest.raises(course.CourseError, match="02_data_loading, test cell test_fast: declare the checks"):
+        course.declared_checks(cell, "02_data_loading")

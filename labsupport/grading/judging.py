@@ -41,12 +41,18 @@ import threading
 import time
 from pathlib import Path
 
-NOTEBOOKS = ("01", "02", "03", "04", "05", "06", "07")  # decided here (judges(): 02 and 06 not on every device)
-# The student's functions each judged notebook calls, by name: the judge asks its worker for them.
-GRADED = {"01": ("measure_throughput", "diagnose", "top_operators"), "02": ("make_fast_loader",),
-          "03": ("amp_train_step", "choose_precision"), "04": ("checkpointed", "accumulate_step"),
-          "05": ("compile_inference", "break_even_steps"),
-          "06": ("assemble_ladder",), "07": ("prune_globally", "make_permanent", "quantize_int8", "distillation_loss")}
+from .. import notebooks
+
+# Every graded notebook of the registry (judges(): 02 and 06 not on every device).
+NOTEBOOKS = tuple(nb.number for nb in notebooks.NOTEBOOKS if nb.graded)
+
+
+def functions_of(number: str) -> tuple[str, ...]:
+    """The student's functions notebook ``number``'s checks call, by name (the registry's graded
+    names less its constants, such as 04's SEGMENTS): the judge asks its worker for them."""
+    return tuple(name for name in notebooks.get(number).graded if not name.isupper())
+
+
 # Notebooks compared with a baseline that a worker of its own serves (01 and 07 have none: their
 # checks measure what they compare with themselves, in the judge; 01's rung is the naive step's,
 # and 07 trains and compiles its fp32 model here).
@@ -585,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
             if loaded:
                 out["problems"].append(loaded)
             namespace = {} if loaded else {name: sides.make_fast_loader if name == "make_fast_loader" else _stand_in(name)
-                                           for name in GRADED[number] if name in names}
+                                           for name in functions_of(number) if name in names}
             found = grading.run(number, namespace, lab=lab, keep=False, sides=sides)
             _decide(number, found, out)
             if namespace:
