@@ -74,17 +74,30 @@ def test_master_has_graded_test_cells_in_style(master):
 
 
 def test_only_a_missed_speed_or_memory_bar_counts_as_information():
-    """make run lets a missed bar through (calibrate fixes the bar per machine);
-    a failed correctness partner, a missing stage or a count never passes as one."""
-    miss = "04-time-overhead failed on cpu: measured 0.419, needs <= 0.4. 400 ms vs 280 ms"
-    assert run.bar_check(miss) == "04-time-overhead"
-    assert run.bar_check("06-end-to-end failed on cpu-bf16: measured 1.8, needs >= 2. x") == "06-end-to-end"
-    assert run.bar_check("03-amp-speedup failed on cpu-bf16: measured 2.1, needs >= 1.3. "
-                            "correctness check failed: first-step loss 9.1, fp32 gives 2.3") is None
-    assert run.bar_check("05-compile-speedup failed on cpu: measured 1.2, needs >= 1.25. "
-                            "not optimised: torch.compile captured no graph") is None
-    assert run.bar_check("06-stages failed on cpu: measured 4, needs >= 5. 04-memory missing") is None
-    assert run.bar_check("04-grad-match failed on cpu: measured 0. gradients #3 differ") is None
+    """make run lets a missed bar through (calibrate fixes the bar per machine), told by the reasons
+    the kernel kept, not by its message; a failed correctness partner, an optimisation not in the
+    code, a missing stage or a count never passes as one."""
+    assert run.bar_missed("04-time-overhead", "below bar") and run.bar_missed("06-end-to-end", "below bar")
+    assert run.bar_missed("02-data-wait-share", "below bar")  # also: the wait did not fall against the naive loader's
+    assert not run.bar_missed("03-amp-speedup", "incorrect")
+    assert not run.bar_missed("05-compile-speedup", "not optimised")
+    assert not run.bar_missed("04-time-overhead", "error") and not run.bar_missed("04-time-overhead", "not measured")
+    assert not run.bar_missed("06-stages", "below bar") and not run.bar_missed("04-grad-match", "below bar")
+
+    nb = _read(course.masters()[3])  # 04: one graded cell fails on a bar, another on its partner
+    cells = {c.metadata["nbgrader"]["grade_id"]: c for c in course.graded_test_cells(nb)}
+    error = lambda text: [nbformat.v4.new_output("error", ename="AssertionError", evalue=text, traceback=[])]  # noqa: E731
+    cells["test_time_overhead"].outputs = error("04-time-overhead failed on cpu: measured 0.419, needs <= 0.4.")
+    cells["test_grad_match"].outputs = error("04-grad-match failed on cpu: measured 0. gradients #3 differ")
+    kept = {"04-time-overhead": {"result": "FAIL", "reason": "below bar"},
+            "04-grad-match": {"result": "FAIL", "reason": "incorrect"}}
+    misses, failures = run.outcomes(nb, "04_checkpointing", kept)
+    assert [m["check"] for m in misses] == ["04-time-overhead"]
+    assert len(failures) == 1 and "04-grad-match failed" in failures[0]
+    # the same message with a reason that is not a bar's (a timed call that trained otherwise) fails the run
+    misses, failures = run.outcomes(nb, "04_checkpointing", {**kept, "04-time-overhead": {"result": "FAIL",
+                                                                                          "reason": "incorrect"}})
+    assert misses == [] and len(failures) == 2
 
 
 def test_make_tests_file_order_names_every_test_file():

@@ -254,3 +254,23 @@ def test_checks_that_start_dataloader_workers_run_under_spawn(tmp_path, tiny_dat
     assert run.returncode == 0, run.stderr[-3000:]
     assert "_labsupport_graded_" in run.stdout and "started: ['popen_spawn_posix', 'popen_spawn_posix']" in run.stdout \
         and "decoded: [40, 20]" in run.stdout, run.stdout
+
+
+def test_a_notebook_graded_in_two_calls_keeps_both_with_their_reasons(monkeypatch, tmp_path):
+    """03 grades its accuracy where it is taught and the rest at the end: the kept table (the
+    report's, and what make run reads the reasons from) holds both calls' checks, in the
+    notebook's order, the later call replacing only what it measured again."""
+    import json
+
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
+
+    def result(check, status, reason):
+        return grading.CheckResult(check, 1.0, 2.0, "higher", "cpu", status, "", {}, reason)
+
+    grading.keep_checks("03", [result("03-accuracy-gap", "fail", "incorrect")])
+    grading.keep_checks("03", [result("03-fp16-scaler", "pass", "pass"), result("03-amp-speedup", "fail", "below bar")])
+    grading.keep_checks("03", [result("03-accuracy-gap", "pass", "pass")])
+    rows = json.loads((tmp_path / "checks" / "03.json").read_text())
+    assert [(r["check"], r["result"], r["reason"]) for r in rows] == [
+        ("03-amp-speedup", "FAIL", "below bar"), ("03-accuracy-gap", "PASS", "pass"), ("03-fp16-scaler", "PASS", "pass")]
+    assert list(grading.kept_checks(tmp_path).check) == ["03-amp-speedup", "03-accuracy-gap", "03-fp16-scaler"]

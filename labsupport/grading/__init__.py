@@ -484,8 +484,11 @@ def restore_library_functions(before: dict[tuple[object, str], tuple[object, tup
 
 
 def keep_checks(number: str, found) -> Path:
-    """Write notebook ``number``'s checks table, as just measured, to ``<results>/checks/<NN>.json``
-    (Used by: run; the report shows the tables of every notebook)."""
+    """Write notebook ``number``'s checks, as just measured, to ``<results>/checks/<NN>.json``: the
+    table's rows and each check's reason (:data:`REASONS`). A notebook that grades its checks in
+    two calls (03: the accuracy where it is taught, the rest at the end) keeps both: rows of checks
+    not measured now stay. (Used by: run; the report shows the tables of every notebook, and
+    ``make run`` tells a missed bar from broken code by the reasons.)"""
     import json
 
     from .. import results
@@ -493,7 +496,14 @@ def keep_checks(number: str, found) -> Path:
     folder = results.results_dir() / "checks"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{number}.json"
-    rows = table(found).to_dict(orient="records")
+    found = list(found)
+    now = [{**row, "reason": r.reason} for row, r in zip(table(found).to_dict(orient="records"), found)]
+    try:
+        before = [row for row in json.loads(path.read_text()) if row["check"] not in {r.check for r in found}]
+    except (OSError, ValueError, TypeError, KeyError):
+        before = []
+    order = [c for ids in check_groups(number) for c in ids]  # the notebook's own order
+    rows = sorted(before + now, key=lambda row: order.index(row["check"]) if row["check"] in order else len(order))
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(rows, indent=1))
     tmp.replace(path)

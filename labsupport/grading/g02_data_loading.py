@@ -107,19 +107,21 @@ def loader(namespace, lab, sides=None):
     medians = {p: float(np.median(v)) for p, v in per_step.items()}
     share = medians["data wait"] / sum(medians.values())
     note = f"data wait {medians['data wait']:.1f} ms of a {sum(medians.values()):.0f} ms step"
-    fell = dict(optimised=True)
+    not_fallen = ""
     if profile.grades_speed:
         # On a CPU the naive loader's wait can already sit under the bar (7-8% of a cpu-bf16 step),
-        # so the wait must also have fallen against the naive loader's, measured now, same step.
+        # so the wait must also have fallen against the naive loader's, measured now, same step: a
+        # second bar, on a timing (a miss is "below bar", as machine-dependent as the first).
         sides.focus("baseline")
         naive_wait = float(np.median(train.phase_breakdown(naive, step, steps=profile.measure_steps,
                                                            warmup=1)["data wait"]))
         note += f"; the naive loader's: {naive_wait:.1f} ms"
-        fell = dict(optimised=medians["data wait"] <= WAIT_FALL * naive_wait,
-                    why_not_optimised=f"the step waits {medians['data wait']:.1f} ms for data, against "
-                                      f"{naive_wait:.1f} ms with the naive loader measured now; it must fall "
-                                      f"to {WAIT_FALL:g}x that or less")
-    wait = speed(lab, "02-data-wait-share", share, "lower", **partner, **fell, note=note)
+        if medians["data wait"] > WAIT_FALL * naive_wait:
+            not_fallen = (f"the step waits {medians['data wait']:.1f} ms for data, against {naive_wait:.1f} ms "
+                          f"with the naive loader measured now; it must fall to {WAIT_FALL:g}x that or less")
+    wait = speed(lab, "02-data-wait-share", share, "lower", **partner, note=note)
+    if not_fallen and wait.reason in ("pass", "n/a", "below bar"):
+        wait = dataclasses.replace(wait, status="fail", reason="below bar", note=f"{not_fallen}; {note}")
     return [faster, wait]
 
 
