@@ -179,3 +179,19 @@ def test_a_test_cell_that_declares_no_check_is_named():
                                      metadata={"nbgrader": {"grade": True, "grade_id": "test_fast", "points": 1}})
     with pytest.raises(course.CourseError, match="02_data_loading, test cell test_fast: declare the checks"):
         course.declared_checks(cell, "02_data_loading")
+
+
+def test_the_readme_tree_names_every_module_on_a_line_of_its_own():
+    """The README's tree is how a newcomer finds a module: every Python module of labsupport,
+    labsupport/grading and autograder has its line there (packages' __init__ aside)."""
+    from pathlib import Path
+
+    repo = Path(course.__file__).resolve().parents[1]
+    text = (repo / "README.md").read_text()
+    tree = text[text.index("labsupport/             S"):]
+    tree = tree[:tree.index("```")]
+    listed = {line.split()[0] for line in tree.splitlines() if line.strip()}
+    modules = [p for folder in ("labsupport", "labsupport/grading", "autograder")
+               for p in sorted((repo / folder).glob("*.py")) if p.name != "__init__.py"]
+    missing = [str(p.relative_to(repo)) for p in modules if p.name not in listed]
+    assert not missing, f"add a line for each to README.md's tree: {missing}"
