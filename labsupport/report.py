@@ -35,7 +35,10 @@ LADDER_NOTE = ("Each rung adds one change to the rung it builds on; +compile bui
                "torch.compile cannot trace 04's checkpointing. Peak memory is counted op by op on every "
                "rung except the compiled one, whose fused kernels are not ops. Accuracy comes "
                "from 03's training run, fp32 against 16-bit; 04 and 05 check correctness by "
-               "comparing gradients and outputs instead.")
+               "comparing gradients and outputs instead. Each rung was timed in its own notebook, at "
+               "another time, so the ratios between rungs are not paired and move with the machine's drift "
+               "(on a 2-core CPU, two rungs running the same float32 step read 15% apart); each "
+               "notebook's graded speedup is paired, in one process.")
 
 # The published ladder this lab follows, for comparison (design brief): ResNet-50 on a data-centre
 # GPU, each rung's cumulative speedup. Another model on other hardware: compare shapes, not values.
