@@ -36,9 +36,8 @@ LADDER_NOTE = ("Each rung adds one change to the rung it builds on; +compile bui
                "rung except the compiled one, whose fused kernels are not ops. Accuracy comes "
                "from 03's training run, fp32 against 16-bit; 04 and 05 check correctness by "
                "comparing gradients and outputs instead. Each rung was timed in its own notebook, at "
-               "another time, so the ratios between rungs are not paired and move with the machine's drift "
-               "(on a 2-core CPU, two rungs running the same float32 step read 15% apart); each "
-               "notebook's graded speedup is paired, in one process.")
+               "another time: the ratios between rungs are not paired measurements (each notebook's graded "
+               "speedup is paired, in one process).")
 
 # The published ladder this lab follows, for comparison (design brief): ResNet-50 on a data-centre
 # GPU, each rung's cumulative speedup. Another model on other hardware: compare shapes, not values.
