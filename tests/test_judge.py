@@ -97,6 +97,14 @@ def statuses(verdict: dict) -> dict[str, str]:
     return {c: v["status"] for c, v in verdict["checks"].items()}
 
 
+def assert_caught_patching(verdict: dict, *names: str) -> None:
+    """Carried code that replaced ``names`` in its worker as it loaded: the worker's guard put them
+    back and named them, and every check of the notebook fails with that note, unmeasured."""
+    assert all(v["status"] == "fail" and v["reason"] == "error" and "when it was loaded" in v["note"]
+               for v in verdict["checks"].values()), verdict["checks"]
+    assert any(all(n in p for n in names) and "when it was loaded" in p for p in verdict["problems"]), verdict
+
+
 # A module-level helper class, as many students write it: carried and run as written.
 HELPER_CLASS = '''
 
@@ -131,7 +139,8 @@ def test_reference_and_a_helper_class_are_judged_correct(tmp_path, tiny_data, re
 
 # Carried code that, when it is loaded, bends what measures it: the naive loader and PIL slowed,
 # labsupport's judge and comparison replaced. In the verdict process all of it ran beside the
-# baseline; in its worker it reaches nothing the judge measures or decides with.
+# baseline; in its worker it reaches nothing the judge measures or decides with, and the worker's
+# guard names what it replaced.
 BENDING = '''
 import time as _time
 import PIL.Image as _Image
@@ -157,14 +166,18 @@ def make_fast_loader(lab, split="train", augment=True):
 '''
 
 
-def test_code_that_bends_the_baseline_or_the_judge_when_loaded_bends_nothing(tmp_path, tiny_data):
+def test_code_that_bends_the_baseline_or_the_judge_when_loaded_earns_nothing(tmp_path, tiny_data):
     """The naive loader as the answer, with the baseline slowed and the judge replaced as it loads:
-    measured as the naive loader it is (about 1x), and failed."""
-    code = ("import labsupport as ls\n_naive = ls.pipeline.naive_loader\n" + BENDING)
-    verdict = judge(tmp_path, tiny_data, code, profile="tiny:grades_speed=1")
+    caught replacing them, every check fails. Its loader alone, without the bending, is measured
+    as the naive loader it is (about 1x), and fails below the bar."""
+    naive = "import labsupport as ls\n_naive = ls.pipeline.naive_loader\n"
+    verdict = judge(tmp_path / "bent", tiny_data, naive + BENDING, profile="tiny:grades_speed=1")
+    assert_caught_patching(verdict, "PIL.Image.open", "labsupport.pipeline.naive_loader")
+    plain = naive + BENDING[BENDING.index("\ndef make_fast_loader"):]
+    verdict = judge(tmp_path / "plain", tiny_data, plain, profile="tiny:grades_speed=1")
     speedup = verdict["checks"]["02-loader-speedup"]
     assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
-    assert speedup["measured"] < 1.5, speedup  # the naive loader is about 1x of itself, slowed or not
+    assert speedup["measured"] < 1.5, speedup  # the naive loader is about 1x of itself
 
 
 def test_a_loader_honest_for_one_epoch_then_repeating_a_batch_forever_fails(tmp_path, tiny_data, reference_02):
@@ -346,11 +359,11 @@ def compile_inference(model):
     assert speedup["status"] == "fail" and "differ from eager" in speedup["note"], speedup
 
 
-def test_05_code_that_slows_the_eager_baseline_when_loaded_slows_nothing(tmp_path, tiny_data):
+def test_05_code_that_slows_the_eager_baseline_when_loaded_earns_nothing(tmp_path, tiny_data):
     """Carried code that, as it loads, makes labsupport's eager model sleep on every call: in one
     process it would slow the baseline it is compared with. The baseline's worker never loads it,
-    so the eager backend measures as what it is (about 1x) and misses the bar (05's bar set for
-    class cpu here, where the course grades no compile speed)."""
+    and the student's worker's guard names it: every check fails (05's bar set for class cpu here,
+    where the course grades no compile speed)."""
     code = COMPILE_05 + """
 
 import time
@@ -374,9 +387,7 @@ g05_compile.Inference.__call__ = _slow_when_eager
     thresholds = tmp_path / "thresholds.toml"
     thresholds.write_text(text[:cpu] + "cpu = 1.25" + text[cpu + len('cpu = "n/a"'):])
     verdict = judge(tmp_path, tiny_data, code, notebook="05", profile="tiny:grades_speed=1", thresholds=thresholds)
-    speedup = verdict["checks"]["05-compile-speedup"]
-    assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
-    assert speedup["measured"] < 1.5, speedup
+    assert_caught_patching(verdict, "Inference.__call__")
 
 
 # 03's helpers as many students write them: a class and a module-level constant beside the graded
@@ -449,11 +460,10 @@ def amp_train_step(model, optimizer, scaler, images, labels, dtype):
                                  "03-accuracy-gap": "n/a", "03-fp16-scaler": "pass"}, verdict["checks"]
 
 
-def test_03_code_that_slows_the_fp32_baseline_when_loaded_slows_nothing(tmp_path, tiny_data, reference_code):
+def test_03_code_that_slows_the_fp32_baseline_when_loaded_earns_nothing(tmp_path, tiny_data, reference_code):
     """Carried code that, as it loads, makes the lab's own fp32 update sleep: in one process it
-    slowed the baseline it is compared with. The baseline's worker never loads it, so the step
-    measures as what it is: the reference's step, in float32 here on any CPU kind, against fp32's,
-    about 1x (the same code in one process measured 2.3x at this profile, class cpu)."""
+    slowed the baseline it is compared with (2.3x at this profile, class cpu). The baseline's
+    worker never loads it, and the student's worker's guard names it: every check fails."""
     code = reference_code["03"] + """
 
 import time
@@ -475,8 +485,8 @@ def _slow_fp32(self, images, labels, clock=None):
 
 train.TrainStep.__call__ = _slow_fp32
 """
-    verdict = judge(tmp_path, tiny_data, code, notebook="03")  # measured at any profile (n/a at tiny)
-    assert verdict["checks"]["03-amp-speedup"]["measured"] < 1.5, verdict["checks"]["03-amp-speedup"]
+    verdict = judge(tmp_path, tiny_data, code, notebook="03")
+    assert_caught_patching(verdict, "TrainStep.__call__")
 
 
 def test_a_notebook_that_carried_nothing_fails_every_check_without_starting_a_worker(tmp_path, tiny_data):
@@ -551,9 +561,10 @@ def test_06_reference_is_judged_correct_in_its_workers(tmp_path, tiny_data, refe
 def test_06_the_release_with_a_decorator_that_bends_the_judge_when_loaded_earns_nothing(tmp_path, tiny_data,
                                                                                         reference_code):
     """The untouched release plus one decorator that, as the carried code loads, makes every
-    verdict a pass: it loads in the student's worker only, so the judge's verdicts are its own.
-    The stages were recorded (the grader's, handed over) and pass; the three checks that run the
-    student's assemble_ladder fail on the release's NotImplementedError."""
+    verdict a pass: it loads in the student's worker only, so the judge's verdicts are its own,
+    and the worker's guard names what it replaced: every check fails. Without the decorator, the
+    stages (the grader's records, handed over) pass, and the three checks that run the student's
+    assemble_ladder fail on the release's NotImplementedError."""
     code = """
 import labsupport.grading as _grading
 
@@ -568,7 +579,12 @@ def _everything_passes(fn):
 def assemble_ladder(frame):
     raise NotImplementedError("build the ladder table")
 """
-    verdict = judge(tmp_path, tiny_data, code, notebook="06", earlier=_earlier_06(reference_code), ladder=True)
+    verdict = judge(tmp_path / "decorated", tiny_data, code, notebook="06", earlier=_earlier_06(reference_code),
+                    ladder=True)
+    assert_caught_patching(verdict, "labsupport.grading.judge")
+    release = code.replace("@_everything_passes\n", "")
+    verdict = judge(tmp_path / "release", tiny_data, release, notebook="06", earlier=_earlier_06(reference_code),
+                    ladder=True)
     assert statuses(verdict) == {"06-stages": "pass", "06-ladder-table": "fail", "06-end-to-end": "fail",
                                  "06-html": "fail"}, verdict["checks"]
     assert all("NotImplementedError" in verdict["checks"][c]["note"]
@@ -683,8 +699,10 @@ def test_01_reference_is_judged_correct_in_its_worker(tmp_path, tiny_data, refer
 
 def test_01_a_halved_timer_with_a_workload_slowed_to_agree_fails_its_check(tmp_path, tiny_data, reference_code):
     """A timer that reports half the time, with carried code that makes labsupport's known workload
-    sleep half as long in the student's worker, so that its own record of its calls agrees: a
-    20 ms sleep cannot take 10 ms, and the timer's check fails saying so. The rest keep their points."""
+    sleep half as long in the student's worker, so that its own record of its calls agrees: the
+    worker's guard names the replaced sleep, and every check fails. With the guard's originals in
+    place (the bending done after the checks' guard could look, as in the verdict process), a
+    20 ms sleep cannot take 10 ms: the timer's check fails saying so, and the rest keep their points."""
     code = reference_code["01"] + """
 
 from labsupport.grading import g01_profile as _g01
@@ -695,6 +713,24 @@ _g01._sleep = lambda seconds: _honest_sleep(seconds / 2)
 
 def measure_throughput(step, device, *, warmup, steps, samples_per_step):
     return _honest_timer(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)
+"""
+    _trace_01(tmp_path / "caught" / "inputs" / "traces" / "01-trace.json")
+    verdict = judge(tmp_path / "caught", tiny_data, code, notebook="01")
+    assert_caught_patching(verdict, "g01_profile._sleep")
+    # The same sleep halved from inside the timer, where only the judge's own clock can tell.
+    code = reference_code["01"] + """
+
+from labsupport.grading import g01_profile as _g01
+
+_honest_timer, _honest_sleep = measure_throughput, _g01._sleep
+
+
+def measure_throughput(step, device, *, warmup, steps, samples_per_step):
+    _g01._sleep = lambda seconds: _honest_sleep(seconds / 2)
+    try:
+        return _honest_timer(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)
+    finally:
+        _g01._sleep = _honest_sleep
 """
     _trace_01(tmp_path / "inputs" / "traces" / "01-trace.json")
     verdict = judge(tmp_path, tiny_data, code, notebook="01")
@@ -760,6 +796,127 @@ def checkpointed(model, segments):
     assert statuses(verdict) == {**STATUSES_04, "04-time-overhead": "fail"}, verdict["checks"]
 
 
+# The network as it came, not checkpointed: what three kinds of student write, from careless to
+# clever. Each keeps its gradients (grad-match holds) and its accumulation.
+UNWRAPPED = """
+
+def checkpointed(model, segments):
+    return model
+"""
+
+# ... with labsupport's memory counters made to read a quarter, as the code loads.
+FAKED_COUNTS = """
+import dataclasses as _dc
+import labsupport.memory as _memory
+
+_forward_bytes, _peak_step_bytes = _memory.forward_bytes, _memory.peak_step_bytes
+_memory.forward_bytes = lambda fn, device: _forward_bytes(fn, device) // 4
+_memory.peak_step_bytes = lambda fn, device: _dc.replace(_peak_step_bytes(fn, device),
+                                                         peak_bytes=_peak_step_bytes(fn, device).peak_bytes // 4)
+"""
+
+# ... with the counters made to read a quarter only when checkpointed() is called (after the load).
+FAKED_WHEN_CALLED = """
+import dataclasses as _dc
+import labsupport.memory as _memory
+
+
+def checkpointed(model, segments):
+    forward_bytes, peak_step_bytes = _memory.forward_bytes, _memory.peak_step_bytes
+    _memory.forward_bytes = lambda fn, device: forward_bytes(fn, device) // 4
+    _memory.peak_step_bytes = lambda fn, device: _dc.replace(peak_step_bytes(fn, device),
+                                                             peak_bytes=peak_step_bytes(fn, device).peak_bytes // 4)
+    return model
+"""
+
+# ... whose forward hides its tensors from whatever counts them (Python dispatch modes switched off
+# while it runs), patching nothing, and runs one convolution more than the plain step, as if it
+# recomputed: its memory reads near zero.
+HIDDEN_FROM_THE_COUNT = """
+from torch.utils._python_dispatch import _disable_current_modes as _unseen
+
+
+def checkpointed(model, segments):
+    class _Hidden(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            with _unseen():
+                out = self.model(x)
+            with torch.no_grad():
+                self.model.conv1(x)
+            return out
+    return _Hidden()
+"""
+
+CHECKPOINTING_04 = ("04-grad-match", "04-activation-ratio", "04-peak-ratio", "04-fits-budget", "04-time-overhead")
+
+
+def test_04_a_network_that_recomputes_nothing_earns_no_memory_or_overhead_point(tmp_path, tiny_data,
+                                                                                reference_code):
+    """Not checkpointed: backward recomputes nothing, so its convolutions number the plain step's.
+    It keeps grad-match and its accumulation; the memory and overhead checks fail as incorrect,
+    saying so."""
+    code = reference_code["04"] + UNWRAPPED
+    verdict = judge(tmp_path, tiny_data, code, notebook="04", earlier={n: reference_code[n] for n in ("02", "03")})
+    lost = {c: "fail" for c in CHECKPOINTING_04[1:]}
+    assert statuses(verdict) == {**STATUSES_04, **lost}, verdict["checks"]
+    for check in lost:
+        found = verdict["checks"][check]
+        assert found["reason"] == "incorrect" and "recomputed no segment" in found["note"], found
+
+
+# Where a doubled batch's activations stand well above what else differs between two workers'
+# resident sets (g04_checkpointing.RESIDENT_SLACK): 96 px, batch 16 (the dataset holds 40 images).
+RESIDENT_PROFILE = "tiny:image_size=96,batch_size=16"
+
+
+@pytest.mark.parametrize("submission", ["reference", "hidden from the count"])
+def test_04_tensors_hidden_from_the_count_show_in_the_memory_read_from_outside(tmp_path, tiny_data,
+                                                                               reference_code, submission):
+    """Not checkpointed, its forward hidden from the count of tensors (which runs in its worker), one
+    convolution added to pass for recomputation: the count falls by tens of MiB, the worker's resident
+    memory, which the judge reads from outside, does not, and the memory and overhead checks fail
+    as incorrect. The reference's saving shows in both, and it keeps every point."""
+    code = reference_code["04"] + (HIDDEN_FROM_THE_COUNT if submission != "reference" else "")
+    verdict = judge(tmp_path, tiny_data, code, notebook="04", earlier={n: reference_code[n] for n in ("02", "03")},
+                    profile=RESIDENT_PROFILE)
+    if submission == "reference":
+        assert statuses(verdict) == STATUSES_04, verdict["checks"]
+        assert "resident memory read from outside" in verdict["checks"]["04-fits-budget"]["note"], verdict
+        return
+    lost = {c: "fail" for c in CHECKPOINTING_04[1:]}
+    assert statuses(verdict) == {**STATUSES_04, **lost}, verdict["checks"]
+    for check in lost:
+        found = verdict["checks"][check]
+        assert found["reason"] == "incorrect" and "read from outside" in found["note"], found
+
+
+def test_04_memory_counters_faked_as_the_code_loads_fail_every_04_check(tmp_path, tiny_data, reference_code):
+    """The unwrapped network with labsupport's byte counters replaced in its worker when the code
+    loads: the worker's guard puts them back and names them, and the notebook earns nothing."""
+    code = reference_code["04"] + UNWRAPPED + FAKED_COUNTS
+    verdict = judge(tmp_path, tiny_data, code, notebook="04", earlier={n: reference_code[n] for n in ("02", "03")})
+    assert set(statuses(verdict).values()) == {"fail"}, verdict["checks"]
+    assert any("labsupport.memory.forward_bytes" in p and "when it was loaded" in p for p in verdict["problems"])
+    assert verdict["rung"] is None, verdict
+
+
+def test_04_memory_counters_faked_when_checkpointed_is_called_fail_its_checks_only(tmp_path, tiny_data,
+                                                                                  reference_code):
+    """The same counters replaced from inside ``checkpointed``, once the checks run: the judge asks
+    the worker's guard after each check, so the checkpointing checks fail naming what was replaced,
+    and the accumulation, measured with the originals back, still passes."""
+    code = reference_code["04"] + FAKED_WHEN_CALLED
+    verdict = judge(tmp_path, tiny_data, code, notebook="04", earlier={n: reference_code[n] for n in ("02", "03")})
+    assert statuses(verdict) == {**STATUSES_04, **{c: "fail" for c in CHECKPOINTING_04}}, verdict["checks"]
+    for check in CHECKPOINTING_04:
+        note = verdict["checks"][check]["note"]
+        assert "labsupport.memory" in note and "while it was measured" in note, (check, note)
+
+
 # 07 --------------------------------------------------------------------------------------------
 
 STATUSES_07 = {"07-sparsity": "pass", "07-pruned-accuracy": "n/a", "07-int8-size": "pass",
@@ -783,8 +940,9 @@ def test_07_a_worker_that_reports_int8_and_pruned_for_an_fp32_model_earns_nothin
     """The release's answers replaced by cheats that also bend, in their own worker, what 07
     measures with (the sparsity count, the int8 reading, the description of a model, the
     distillation check): int8 copies held while the fp32 model computes, masks left in place,
-    and a distillation loss without the teacher. The judge counts and
-    reads the weights and the exported graph itself: every check fails."""
+    and a distillation loss without the teacher. The worker's guard names what was bent, and
+    every check fails; without the bending, the judge counts and reads the weights and the
+    exported graph itself, and every check fails on what it found."""
     code = reference_code["07"] + """
 
 import labsupport.compress as _compress
@@ -813,6 +971,8 @@ def distillation_loss(student_logits, teacher_logits, labels, alpha, temperature
     return torch.nn.functional.cross_entropy(student_logits, labels)  # no teacher
 
 
+"""
+    bending = """
 _g07 = __import__("labsupport.grading.g07_compression", fromlist=["x"])
 _g07._distill_errors = lambda cases, got: (0.0, "")  # the worker's copy of the check, bent
 
@@ -821,6 +981,8 @@ _compress.computed_with = lambda model, batch: _compress.ComputedWith(11_000_000
 _compress.sparsity = lambda model: _compress.Sparsity(5_590_000, 11_180_000, ())
 _exported.OPERATORS = frozenset(["anything"])
 """
+    verdict = judge(tmp_path / "bent", tiny_data, code + bending, notebook="07")
+    assert_caught_patching(verdict, "labsupport.compress.sparsity")
     verdict = judge(tmp_path, tiny_data, code, notebook="07")
     assert statuses(verdict) == dict.fromkeys(STATUSES_07, "fail"), verdict["checks"]
     checks = verdict["checks"]

@@ -376,9 +376,10 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
             why = f"{type(err).__name__}: {err}"
             found = [CheckResult(i, None, None, "", lab.machine.device_class, "fail", why) for i in ids]
         patched = restore_library_functions(libraries)
+        if sides is not None:  # and what it replaced in its worker, where the grader's judge drives it
+            patched += sides.guard()
         if patched:  # measured against a patched library (a slowed baseline, a faked clock): no verdict
-            why = (f"your code replaced {', '.join(patched[:3])} while it was measured: graded "
-                   "functions must not patch libraries (the originals are back for the next checks)")
+            why = patched_note(patched, "while it was measured")
             found = [CheckResult(i, None, None, "", lab.machine.device_class, "fail", why) for i in ids]
         out.update({r.check: r for r in found})
     if keep and namespace.get("__name__") == "__main__" and any(name in namespace for name in nb.graded):
@@ -481,6 +482,13 @@ def restore_library_functions(before: dict[tuple[object, str], tuple[object, tup
         except (AttributeError, TypeError, ValueError):
             pass
     return patched
+
+
+def patched_note(patched: list[str], when: str) -> str:
+    """Why what was measured with ``patched`` library functions in place gets no verdict (``when``:
+    "when it was loaded" fails every check of the notebook, "while it was measured" the check)."""
+    return (f"your code replaced {', '.join(patched[:3])} {when}: graded code must not patch "
+            "libraries or labsupport (the originals are back)")
 
 
 def keep_checks(number: str, found) -> Path:

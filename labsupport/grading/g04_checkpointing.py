@@ -3,8 +3,10 @@
 - ``04-grad-match``: the checkpointed network gives the plain one's gradients and BatchNorm statistics.
 - ``04-activation-ratio``, ``04-peak-ratio``, ``04-fits-budget``, ``04-time-overhead``: it holds
   less in the forward, its step peaks lower, the doubled batch fits the budget, at a bounded cost.
-  Every timed call of the overhead is one step from the same weights, checked against the plain
-  step's from there and counted (its convolutions, recomputation included, as an untimed call's).
+  All four need a step that recomputes: its convolutions (counted, recomputation included) must
+  outnumber the plain step's, or it checkpointed nothing, whatever its memory reads. Every timed
+  call of the overhead is one step from the same weights, checked against the plain step's from
+  there and counted (as many convolutions as an untimed call's).
 - ``04-accum-match``: the model sees k micro-batches, which give the large batch's gradients and one
   optimizer update, and (at the real scale) lower the step's peak memory.
 
@@ -179,6 +181,10 @@ class Here:
     def focus(self, side: str | None) -> None:
         pass
 
+    def resident_peak(self, side: str, fn, device) -> tuple[object, None]:
+        """``fn()``: in one process there is no outside from which to read a side's memory."""
+        return fn(), None
+
     def checking(self):
         return contextlib.nullcontext()
 
@@ -196,42 +202,53 @@ def checkpointing(namespace, lab, sides=None):
     got = ckpt.gradients(), ckpt.statistics()
     why = (partners.first_mismatch("gradients", got[0], want[0], rtol=1e-4, atol=1e-5)
            or partners.first_mismatch("BatchNorm running statistics", got[1], want[1], rtol=1e-5, atol=1e-6))
-    partner = dict(correct=not why, why_incorrect=why)
-    grad = judge("04-grad-match", float(not why), machine, **partner,
-                         note=f"{len(want[0])} gradients and {len(want[1])} BatchNorm statistics compared")
+    grad = judge("04-grad-match", float(not why), machine, correct=not why, why_incorrect=why,
+                 note=f"{len(want[0])} gradients and {len(want[1])} BatchNorm statistics compared")
 
     held = {"plain": plain.forward_bytes(), "ckpt": ckpt.forward_bytes()}
-    act = judge("04-activation-ratio", held["ckpt"] / held["plain"], machine, **partner,
-                        note=f"the forward holds {held['ckpt'] / 2**20:.0f} MiB vs {held['plain'] / 2**20:.0f} MiB")
-
     for s in (plain, ckpt):  # warm-up: optimizer state exists before peaks are measured
         s.warm()
-    reports = {name: s.peak(double=double) for name, s, double in
-               (("plain", plain, False), ("ckpt", ckpt, False), ("plain-2x", plain, True), ("ckpt-2x", ckpt, True))}
+    reports, resident = {}, {}
+    for name, s, side, double in (("plain", plain, "baseline", False), ("ckpt", ckpt, "candidate", False),
+                                  ("plain-2x", plain, "baseline", True), ("ckpt-2x", ckpt, "candidate", True)):
+        reports[name], resident[name] = sides.resident_peak(side, lambda: s.peak(double=double), lab.device)
+
+    # From here every call (timed or not) is one step from the lab's seeded fp32 weights, its
+    # convolutions counted. Checkpointing holds less because backward recomputes the forward: a
+    # step that recomputes nothing (more convolutions than the plain step's) checkpointed nothing,
+    # whatever its memory reads, and earns none of the memory and overhead checks.
+    for s in (plain, ckpt):
+        s.mark()
+    untimed, plain_untimed = ckpt.untimed_convolutions(), plain.untimed_convolutions()
+    recomputed = "" if untimed > plain_untimed else (
+        f"the checkpointed step ran {untimed} convolutions, the plain step {plain_untimed}: backward "
+        "recomputed no segment, so nothing was checkpointed (checkpoint each segment of the body, "
+        "as torch.utils.checkpoint.checkpoint does)")
+    peak = {k: r[0] for k, r in reports.items()}
+    why = why or recomputed or resident_problem(peak, resident)
+    partner = dict(correct=not why, why_incorrect=why)
+
+    act = judge("04-activation-ratio", held["ckpt"] / held["plain"], machine, **partner,
+                note=f"the forward holds {held['ckpt'] / 2**20:.0f} MiB vs {held['plain'] / 2**20:.0f} MiB")
     # Graded on the count of tensor storages, the same on every device. On CUDA the caching
     # allocator's own peaks (workspaces and block rounding included) are reported beside it: not yet
     # graded, since no GPU run has measured the reference's budget on them.
-    peak = {k: r[0] for k, r in reports.items()}
     allocator = {f"allocator_{k}": r[1] for k, r in reports.items() if r[1] >= 0}
     budget = memory.BUDGET_FACTOR * peak["plain"]
     mib = {k: v / 2**20 for k, v in peak.items()}
     beside = (f"; the CUDA allocator's peaks: checkpointed {allocator['allocator_ckpt-2x'] / 2**20:.0f} MiB, "
               f"plain {allocator['allocator_plain-2x'] / 2**20:.0f} MiB") if allocator else ""
     peak_check = speed(lab, "04-peak-ratio", peak["ckpt"] / peak["plain"], "lower", **partner,
-                        note=f"peak {mib['ckpt']:.0f} MiB vs {mib['plain']:.0f} MiB at batch {batch}")
+                       note=f"peak {mib['ckpt']:.0f} MiB vs {mib['plain']:.0f} MiB at batch {batch}")
     fits = judge("04-fits-budget", peak["ckpt-2x"] / budget, machine, **partner,
-                         note=(f"batch {2 * batch}: checkpointed {mib['ckpt-2x']:.0f} MiB, plain "
-                               f"{mib['plain-2x']:.0f} MiB, budget {budget / 2**20:.0f} MiB (tensors counted)"
-                               + beside),
-                         details={"budget_bytes": budget, **{f"peak_{k}": v for k, v in peak.items()}, **allocator})
+                 note=(f"batch {2 * batch}: checkpointed {mib['ckpt-2x']:.0f} MiB, plain "
+                       f"{mib['plain-2x']:.0f} MiB, budget {budget / 2**20:.0f} MiB (tensors counted)"
+                       + beside + resident_note(resident)),
+                 details={"budget_bytes": budget, **{f"peak_{k}": v for k, v in peak.items()}, **allocator})
 
-    # What is timed is checked: every timed call is one step from the lab's seeded fp32 weights, and
-    # each checkpointed call must train as the plain one does from there (read at positions drawn
-    # after the call returned, on the clock), running as many convolutions (its recomputation
-    # included) as an untimed call of it.
-    for s in (plain, ckpt):
-        s.mark()
-    untimed = ckpt.untimed_convolutions()
+    # What is timed is checked: each checkpointed call must train as the plain one does from the
+    # same weights (read at positions drawn after the call returned, on the clock), running as many
+    # convolutions (its recomputation included) as the untimed call of it.
     draws: list[int] = []
     (time_plain, plain_calls), (time_ckpt, ckpt_calls) = timed_calls(plain, draws), timed_calls(ckpt, draws)
     # More rounds than a speedup check: the overhead is judged against a bar, not just reported.
@@ -251,10 +268,39 @@ def checkpointing(namespace, lab, sides=None):
         timed_ok, timed_why = partners.updates_alike(ckpt_calls, [c.update for c in plain_calls], ckpt.names(),
                                                      baseline="the plain network's step", convolutions=untimed)
     cost = speed(lab, "04-time-overhead", overhead, "lower", correct=timed_ok, why_incorrect=timed_why,
-                  note=f"{cmp.summary()['candidate_ms']:.0f} ms vs {cmp.summary()['baseline_ms']:.0f} ms "
-                              f"per step ({cmp.speedup.n} paired rounds, speedup IQR {cmp.speedup.q1:.2f}-"
-                              f"{cmp.speedup.q3:.2f})")
+                 note=f"{cmp.summary()['candidate_ms']:.0f} ms vs {cmp.summary()['baseline_ms']:.0f} ms "
+                      f"per step ({cmp.speedup.n} paired rounds, speedup IQR {cmp.speedup.q1:.2f}-"
+                      f"{cmp.speedup.q3:.2f})")
     return [grad, act, peak_check, fits, cost]
+
+
+# The byte counts come from where the step runs, which for the candidate is the student's worker: its
+# code could hide tensors from the count. So on a CPU the judge also reads each worker's resident
+# memory (the kernel's figure, sampled from outside) during the doubled batch's step: what the count
+# says checkpointing saved must show there, at least half of it. RESIDENT_SLACK covers what else
+# differs between the two workers' resident sets (the student's code and its imports, the
+# allocator's free lists): a saving the count puts below it is not cross-checked.
+RESIDENT_SLACK = 24 * 2**20
+
+
+def resident_problem(peak: dict[str, float], resident: dict[str, int | None]) -> str:
+    """Why the resident memory read from outside contradicts the counted peaks ("" if it does not,
+    or where it was not read)."""
+    if resident.get("plain-2x") is None or resident.get("ckpt-2x") is None:
+        return ""
+    counted, seen = peak["plain-2x"] - peak["ckpt-2x"], resident["plain-2x"] - resident["ckpt-2x"]
+    if counted <= RESIDENT_SLACK or seen >= counted / 2 - RESIDENT_SLACK:
+        return ""
+    return (f"at batch-doubled steps the tensors counted in your step's process fell by {counted / 2**20:.0f} MiB "
+            f"from the plain step's, but its resident memory, read from outside, by {seen / 2**20:.0f} MiB: "
+            "the count missed tensors your step holds")
+
+
+def resident_note(resident: dict[str, int | None]) -> str:
+    if resident.get("plain-2x") is None or resident.get("ckpt-2x") is None:
+        return ""
+    return (f"; resident memory read from outside: checkpointed {resident['ckpt-2x'] / 2**20:.0f} MiB, "
+            f"plain {resident['plain-2x'] / 2**20:.0f} MiB (each whole process)")
 
 
 # With 4 micro-batches a step's peak must be at most this fraction of one batch's (the reference at

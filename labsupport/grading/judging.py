@@ -98,6 +98,9 @@ SLOW_OPS = ("load", "cold", "rung_batch", "rung_step", "pipeline", "pruned", "qu
 QUIET_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
 class WorkerError(RuntimeError):
     """The student's code raised in its worker, or the worker broke off: the check fails with it."""
 
@@ -169,6 +172,40 @@ class Worker:
             found.append(pid)
             todo += children.get(pid, [])
         return found
+
+    def _resident(self, pids: list[int]) -> int:
+        """Bytes the kernel holds resident for ``pids`` now (``/proc/PID/statm``: what no code in
+        them can under-report)."""
+        total = 0
+        for pid in pids:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{pid}/statm") as f:
+                    total += int(f.read().split()[1]) * PAGE_BYTES
+        return total
+
+    def resident_peak(self, fn):
+        """``fn()`` (requests to this worker), and the most memory this worker's processes held
+        resident meanwhile, sampled from outside every millisecond (its process tree looked up
+        again every 50 samples, so a child it starts is counted)."""
+        stop, peak = threading.Event(), [0]
+
+        def sample():
+            pids, n = self._tree(), 0
+            while not stop.is_set():
+                peak[0] = max(peak[0], self._resident(pids))
+                n += 1
+                if n % 50 == 0:
+                    pids = self._tree()
+                time.sleep(0.001)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            value = fn()
+        finally:
+            stop.set()
+            sampler.join()
+        return value, peak[0]
 
     def pause(self, stop: bool) -> None:
         """Stop (or continue) every process of this worker: while the other side is timed."""
@@ -253,6 +290,24 @@ class Sides:
             yield
         finally:
             torch.set_num_threads(threads)
+
+    def resident_peak(self, side: str, fn, device) -> tuple[object, int | None]:
+        """``fn()`` (requests to ``side``'s worker) and, on a CPU, the most memory that worker held
+        resident meanwhile, read from outside (:meth:`Worker.resident_peak`); None on a GPU, whose
+        memory the process's resident set does not show."""
+        if str(device).startswith("cuda"):
+            return fn(), None
+        return self.workers[side].resident_peak(fn)
+
+    def guard(self) -> list[str]:
+        """The watched library functions the student's code replaced in its worker since the last
+        time asked (put back there): what was measured meanwhile has no verdict. A worker that
+        broke off says nothing more (its checks already failed)."""
+        worker = self.workers["candidate"]
+        try:
+            return [str(name)[:200] for name in worker.request("guard").get("patched") or []]
+        except WorkerError:
+            return []
 
     def _build(self, side: str, op: str, **request) -> dict:
         """Ask ``side``'s worker to build something (a loader, a held step), that side alone running."""
@@ -582,22 +637,29 @@ def main(argv: list[str] | None = None) -> int:
         with Worker("student", worker_spec, **kw) as student, \
                 (Worker("baseline", worker_spec, **kw) if number in BASELINE else contextlib.nullcontext()) as baseline:
             sides = Sides(student, baseline)
-            loaded, names = "", []
+            loaded, names, patched = "", [], []
             for worker in (student, baseline) if baseline else (student,):
                 try:
-                    names += worker.request("load")["names"]
+                    reply = worker.request("load")
+                    names += reply["names"]
+                    patched += reply.get("patched") or []
                 except WorkerError as err:
                     loaded = loaded or str(err)
-            if loaded:
-                out["problems"].append(loaded)
+            tampered = grading.patched_note(patched, "when it was loaded") if patched else ""
+            for problem in (loaded, tampered):
+                if problem:
+                    out["problems"].append(problem)
             namespace = {} if loaded else {name: sides.make_fast_loader if name == "make_fast_loader" else _stand_in(name)
                                            for name in functions_of(number) if name in names}
-            found = grading.run(number, namespace, lab=lab, keep=False, sides=sides)
+            found = grading.run(number, namespace, lab=lab, keep=False, sides=sides, tampered=tampered)
             _decide(number, found, out)
-            if namespace:
+            if namespace and not tampered:
                 try:
                     sides.focus("candidate")
                     rung = _rung(number, namespace, lab, found, student)
+                    patched = sides.guard()
+                    if patched:
+                        raise grading.StudentCodeError(grading.patched_note(patched, "while its rung was measured"))
                     out["rung"] = None if rung is None else round(float(rung["samples_per_s"]), 3)
                 except Exception as err:
                     out["problems"].append(f"rung not measured: {type(err).__name__}: {str(err)[:300]}")

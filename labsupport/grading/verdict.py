@@ -55,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         namespace = {}
         out["problems"].append(str(err))
     patched = grading.restore_library_functions(libraries)
-    tampered = (f"your code replaced {', '.join(patched[:3])} when it was loaded: graded code must not "
-                "patch libraries or labsupport (the originals are back)") if patched else ""
+    tampered = grading.patched_note(patched, "when it was loaded") if patched else ""
     if tampered:
         out["problems"].append(tampered)
     found = grading.run(number, namespace, lab=lab, keep=False, tampered=tampered)

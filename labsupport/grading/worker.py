@@ -12,7 +12,12 @@ is either
   pipeline), so the baseline pays exactly the student's cost of being driven from outside. 01
   and 07 have no baseline worker: what their checks compare with, they measure in the judge.
 
-Each request is answered by :class:`Served`'s method of its name (``op_<name>``).
+Each request is answered by :class:`Served`'s method of its name (``op_<name>``), except ``guard``:
+before any student code loads, the worker imports every labsupport module and records the watched
+library functions (:func:`labsupport.grading.library_functions`: labsupport's measurers and
+partners, the torch and data functions they use); after loading and whenever the judge asks
+(``guard``: after each check, where no clock runs), it puts back whatever the student's code
+replaced and names it, and the judge fails what was measured meanwhile.
 What a worker sends back is numbers: tensors copied into the judge's shared buffer, counts, and
 error messages. It never learns which of its outputs the judge checks, and its own clock decides
 nothing: the judge times each request from outside. SPEC is a JSON object: ``role``, ``notebook``,
@@ -369,6 +374,22 @@ class Served:
         return {"ok": True}
 
 
+def watched_libraries() -> tuple[dict, object]:
+    """Every labsupport module imported, then the watched library functions as they are now, and
+    the function that puts them back: taken before any student code runs, so that code can
+    neither hide from the guard a module it patches nor replace the guard."""
+    import importlib
+    import pkgutil
+
+    import labsupport
+    from labsupport import grading
+
+    for found in pkgutil.walk_packages(labsupport.__path__, "labsupport."):
+        if not found.name.endswith("__main__"):
+            importlib.import_module(found.name)
+    return grading.library_functions(), grading.restore_library_functions
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])
@@ -381,6 +402,16 @@ def main(argv: list[str] | None = None) -> int:
     from labsupport.grading import wire
 
     served = Served(spec, memoryview(mmap.mmap(buffer_fd, 0)), results)
+    libraries, restore = watched_libraries()
+    restore_code = restore.__code__
+
+    def guard() -> list[str]:
+        """The watched functions the student's code replaced since the worker started, put back."""
+        if restore.__code__ is not restore_code:  # the guard itself, changed inside
+            restore.__code__ = restore_code
+            return ["labsupport.grading.restore_library_functions", *restore(libraries)]
+        return restore(libraries)
+
     while True:
         try:
             request = wire.receive(requests)
@@ -391,10 +422,15 @@ def main(argv: list[str] | None = None) -> int:
             wire.send(replies, {"ok": True})
             return 0
         try:
-            handler = getattr(served, f"op_{op}", None) if isinstance(op, str) else None
-            if handler is None:
-                raise ValueError(f"unknown request {op!r}")
-            answer = handler(request)
+            if op == "guard":
+                answer = {"patched": guard()}
+            else:
+                handler = getattr(served, f"op_{op}", None) if isinstance(op, str) else None
+                if handler is None:
+                    raise ValueError(f"unknown request {op!r}")
+                answer = handler(request)
+                if op == "load":
+                    answer["patched"] = guard()
         except Exception as err:  # the student's code raised: the judge fails the check with it
             answer = {"error": f"{type(err).__name__}: {str(err)[:500]}"}
         wire.send(replies, answer)
