@@ -505,6 +505,34 @@ def test_04_accumulation_must_show_its_micro_batches():
     assert "not the batch's 16 once" in checks.g04_checkpointing.micro_batch_problem([6, 5], 16, 3)
 
 
+def test_04_accumulation_is_judged_against_the_labs_own_one_batch_step(monkeypatch):
+    """At a scale where a step's peak is graded: a step that trains on the whole batch at once
+    (showing the model its micro-batches under no_grad, and calling ``forward`` past the hook that
+    counts them) and, given one micro-batch, holds 48 MiB more, so that its own one-batch peak reads
+    high. The one batch's peak is the lab's own step, which it does not undercut: it fails. The
+    reference lowers the peak, and passes."""
+    monkeypatch.setenv("LAB_PROFILE", "tiny:image_size=64,batch_size=16,grades_speed=1")
+    ns = solution("04", *CKPT_CELLS)
+    found = checks.run("04", ns, only=("04-accum-match",))["04-accum-match"]
+    assert found.status == "pass" and "lab's one-batch step" in found.note, found.note
+
+    def whole_batch(model, optimizer, images, labels, micro_batches):
+        ballast = torch.ones(12 * 2**20) if micro_batches == 1 else None  # 48 MiB, when k = 1 only
+        optimizer.zero_grad()
+        with torch.no_grad():
+            for x in images.tensor_split(micro_batches):
+                model(x)  # shown to the model, not used
+        loss = torch.nn.functional.cross_entropy(model.forward(images), labels)
+        loss.backward()
+        optimizer.step()
+        del ballast
+        return loss.detach()
+
+    ns["accumulate_step"] = whole_batch
+    found = checks.run("04", ns, only=("04-accum-match",))["04-accum-match"]
+    assert found.status == "fail" and "must lower the peak" in found.note, found.note
+
+
 def test_04_missing_segments_choice_is_explained():
     ns = solution("04", *CKPT_CELLS)
     ns["SEGMENTS"] = 12

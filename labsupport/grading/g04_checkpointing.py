@@ -83,6 +83,7 @@ class HeldCheckpoint:
         """A step's peak bytes on the small batch (or the doubled one): ``[tensors counted,
         the CUDA allocator's peak or -1]``."""
         x, y = (self.images, self.labels) if double else self.small
+        memory.release_free()  # what the process holds resident is then what its tensors need
         report = memory.peak_step_bytes(lambda: self.step(x, y), self.lab.device)
         return [float(report.peak_bytes), float(-1 if report.allocator_peak_bytes is None else report.allocator_peak_bytes)]
 
@@ -115,7 +116,7 @@ class HeldAccumulation:
     """The student's ``accumulate_step`` after one call on the lab's GroupNorm ResNet-18 (``k``
     uneven micro-batches of the doubled batch, float32 arithmetic): what a check may ask of it."""
 
-    ASKED = ("gradients", "weights", "seen", "loss", "peaks")
+    ASKED = ("gradients", "weights", "seen", "loss", "micro_peak")
 
     def __init__(self, step_fn, lab, images: torch.Tensor, labels: torch.Tensor, k: int, lr: float):
         self.step_fn, self.lab, self.lr = step_fn, lab, lr
@@ -141,16 +142,11 @@ class HeldAccumulation:
     def loss(self) -> float:
         return float(torch.as_tensor(self._loss).float().mean()) if self._loss is not None else float("nan")
 
-    def peaks(self) -> list[float]:
-        """A step's peak bytes with 1 and with 4 micro-batches, each on a fresh network after a warm-up step."""
-        found = []
-        for micro in (1, 4):
-            net = train.group_norm_resnet(self.lab.seed).to(self.lab.device)
-            opt = torch.optim.SGD(net.parameters(), lr=self.lr)
-            self.step_fn(net, opt, self.images, self.labels, micro)  # warm-up: the gradients exist from now on
-            found.append(float(memory.peak_step_bytes(lambda: self.step_fn(net, opt, self.images, self.labels, micro),
-                                                      self.lab.device).peak_bytes))
-        return found
+    def micro_peak(self, micro: int = 4) -> float:
+        """The student's step's peak bytes with ``micro`` micro-batches, on a fresh network after a
+        warm-up step."""
+        return float(step_peak(lambda net, opt: self.step_fn(net, opt, self.images, self.labels, int(micro)),
+                               self.lab, self.lr))
 
 
 class Here:
@@ -251,9 +247,10 @@ def checkpointing(namespace, lab, sides=None):
     # convolutions (its recomputation included) as the untimed call of it.
     draws: list[int] = []
     (time_plain, plain_calls), (time_ckpt, ckpt_calls) = timed_calls(plain, draws), timed_calls(ckpt, draws)
-    # More rounds than a speedup check: the overhead is judged against a bar, not just reported.
+    # More rounds than a speedup check where the overhead is judged against a bar, not just reported.
+    rounds = max(7, lab.profile.rounds) if lab.profile.grades_speed else lab.profile.rounds
     with sides.checking():
-        cmp = measure.compare(time_plain, time_ckpt, lab.device, rounds=max(7, lab.profile.rounds),
+        cmp = measure.compare(time_plain, time_ckpt, lab.device, rounds=rounds,
                               steps_per_round=lab.profile.steps_per_round, focus=sides.focus)
     sides.focus(None)
     overhead = 1 / cmp.speedup.median - 1
@@ -276,11 +273,14 @@ def checkpointing(namespace, lab, sides=None):
 
 # The byte counts come from where the step runs, which for the candidate is the student's worker: its
 # code could hide tensors from the count. So on a CPU the judge also reads each worker's resident
-# memory (the kernel's figure, sampled from outside) during the doubled batch's step: what the count
-# says checkpointing saved must show there, at least half of it. RESIDENT_SLACK covers what else
-# differs between the two workers' resident sets (the student's code and its imports, the
-# allocator's free lists): a saving the count puts below it is not cross-checked.
-RESIDENT_SLACK = 24 * 2**20
+# memory (anonymous and shared, the kernel's figures, sampled from outside) during the doubled
+# batch's step: what the count says checkpointing saved must show there, at least half of it, less
+# RESIDENT_SLACK. Two workers' resident memory differs from run to run by tens of MiB whatever they
+# hold (96 px, batch 32, class cpu, 2026-11-27: the reference's fell by 3 to 63 MiB where its count
+# fell by 38; a network that hid its forward from the count, by -41 to 13 MiB where its count fell
+# by 74), so the slack is wide: honest code must never lose on that noise, and what the cross-check
+# catches is a hidden saving of more than about 2 * (48 + 15) MiB, not less.
+RESIDENT_SLACK = 48 * 2**20
 
 
 def resident_problem(peak: dict[str, float], resident: dict[str, int | None]) -> str:
@@ -304,8 +304,28 @@ def resident_note(resident: dict[str, int | None]) -> str:
 
 
 # With 4 micro-batches a step's peak must be at most this fraction of one batch's (the reference at
-# 64 px, batch 64, class cpu: 79 MiB against 140 MiB, 0.56).
+# 64 px, batch 64, class cpu: 79 MiB against 140 MiB, 0.56). The one batch's step is the lab's own,
+# counted where the check runs: a step given 1 micro-batch is the student's, and could peak higher
+# on purpose.
 ACCUMULATION_PEAK_FALL = 0.85
+
+
+def step_peak(step, lab, lr: float) -> int:
+    """Peak bytes of ``step(net, optimizer)`` on a fresh GroupNorm ResNet-18 and SGD, after a warm-up
+    call (the gradients exist from then on)."""
+    net = train.group_norm_resnet(lab.seed).to(lab.device)
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    step(net, opt)
+    return memory.peak_step_bytes(lambda: step(net, opt), lab.device).peak_bytes
+
+
+def one_batch_step(images: torch.Tensor, labels: torch.Tensor):
+    """The lab's own step on the whole batch, as an accumulation with one micro-batch runs it."""
+    def step(net, opt):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(images), labels).backward()
+        opt.step()
+    return step
 
 
 # An honest accumulation differs from one large batch's gradients by float32 rounding, and on a GPU
@@ -376,10 +396,10 @@ def accumulation(namespace, lab, sides=None):
         why = f"accumulate_step returned a non-finite loss {loss}"
     note = "gradients and the update match one large batch"
     if not why and lab.profile.grades_speed:  # a step's peak means something at the real scale only
-        one, four = done.peaks()
-        note += f"; peak {four / 2**20:.0f} MiB with 4 micro-batches, {one / 2**20:.0f} MiB with 1"
+        four, one = done.micro_peak(micro=4), step_peak(one_batch_step(images, labels), lab, lr)
+        note += f"; peak {four / 2**20:.0f} MiB with 4 micro-batches, {one / 2**20:.0f} MiB for the lab's one-batch step"
         if four > ACCUMULATION_PEAK_FALL * one:
-            why = (f"4 micro-batches peak at {four / 2**20:.0f} MiB, one batch at {one / 2**20:.0f} "
+            why = (f"4 micro-batches peak at {four / 2**20:.0f} MiB, the lab's one-batch step at {one / 2**20:.0f} "
                    f"MiB: accumulation must lower the peak (to {ACCUMULATION_PEAK_FALL:g}x or less)")
     return [judge("04-accum-match", float(not why), lab.machine.as_dict(), correct=not why,
                   why_incorrect=why, note="" if why else note)]

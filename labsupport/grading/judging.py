@@ -98,9 +98,6 @@ SLOW_OPS = ("load", "cold", "rung_batch", "rung_step", "pipeline", "pruned", "qu
 QUIET_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-
-
 class WorkerError(RuntimeError):
     """The student's code raised in its worker, or the worker broke off: the check fails with it."""
 
@@ -174,19 +171,23 @@ class Worker:
         return found
 
     def _resident(self, pids: list[int]) -> int:
-        """Bytes the kernel holds resident for ``pids`` now (``/proc/PID/statm``: what no code in
-        them can under-report)."""
+        """Bytes of memory the kernel holds resident for ``pids`` now, as ``/proc/PID/status``
+        gives them (what no code in them can under-report): anonymous memory and shared memory
+        (tmpfs, ``/dev/shm``), not the pages of mapped files such as the libraries' code, which
+        come and go with what runs and are the same data however much a step holds."""
         total = 0
         for pid in pids:
             with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/{pid}/statm") as f:
-                    total += int(f.read().split()[1]) * PAGE_BYTES
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith(("RssAnon:", "RssShmem:")):
+                            total += int(line.split()[1]) * 1024
         return total
 
     def resident_peak(self, fn):
         """``fn()`` (requests to this worker), and the most memory this worker's processes held
         resident meanwhile, sampled from outside every millisecond (its process tree looked up
-        again every 50 samples, so a child it starts is counted)."""
+        again every 50 samples, so a child it starts is counted); None where none could be read."""
         stop, peak = threading.Event(), [0]
 
         def sample():
@@ -205,7 +206,7 @@ class Worker:
         finally:
             stop.set()
             sampler.join()
-        return value, peak[0]
+        return value, peak[0] or None  # None: nothing could be read (no /proc to see it in)
 
     def pause(self, stop: bool) -> None:
         """Stop (or continue) every process of this worker: while the other side is timed."""
