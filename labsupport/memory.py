@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,20 +87,6 @@ class MemoryReport:
     # (torch.cuda.max_memory_allocated: block rounding and cuDNN workspaces included, which the
     # count of tensor storages misses; what decides an out-of-memory error). None elsewhere.
     allocator_peak_bytes: int | None = None
-
-
-def release_free() -> None:
-    """Collect Python's cyclic garbage and hand the C allocator's free memory back to the system
-    (``malloc_trim``, glibc only), so that a process's resident memory, read from outside, is
-    close to what it holds now (Used by: 04's judge, which reads each worker's from outside)."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    libc = ctypes.util.find_library("c")
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(libc).malloc_trim(0)
 
 
 def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryReport:

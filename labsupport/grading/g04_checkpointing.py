@@ -83,7 +83,6 @@ class HeldCheckpoint:
         """A step's peak bytes on the small batch (or the doubled one): ``[tensors counted,
         the CUDA allocator's peak or -1]``."""
         x, y = (self.images, self.labels) if double else self.small
-        memory.release_free()  # what the process holds resident is then what its tensors need
         report = memory.peak_step_bytes(lambda: self.step(x, y), self.lab.device)
         return [float(report.peak_bytes), float(-1 if report.allocator_peak_bytes is None else report.allocator_peak_bytes)]
 
