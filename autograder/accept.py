@@ -9,8 +9,8 @@ Its parts, each written as it finishes to ``build/accept-<device class>/`` and s
    notebook in its own process with a time limit, and the rows of each group of checks kept as it
    finishes. Each check's measurement against its class default, and, for the calibrated checks,
    the bar ``calibrate`` would derive from it (:func:`autograder.calibrate.derive`), with the
-   seconds its checks took. The checks that read what a notebook's own run wrote (01's trace,
-   06's ladder and HTML) are left to the next part.
+   seconds its checks took. The checks that read what a notebook's own run wrote (06's ladder
+   and HTML) are left to the next part.
 2. **grade**: ``calibrate`` on this machine (into the output folder, not the course's file), then
    the reference submission graded with those bars as a student's is (``grade`` in a scratch copy
    of the course, :func:`autograder.benchmark.grading_time`): its score per notebook against the
@@ -39,9 +39,9 @@ import pandas as pd
 from . import calibrate, course
 from .course import COURSE_ROOT, REPO_ROOT
 
-# Checks that read what a notebook's own run wrote (01's profiler trace, 06's ladder of 01-05 and
-# its exported HTML): the checks part has no notebook run, so they are graded in the grade part.
-MADE_BY_THE_NOTEBOOK = ("01-trace", "01-phases-labelled", "06-stages", "06-html")
+# Checks that read what a notebook's own run wrote (06's ladder of 01-05 and its exported HTML):
+# the checks part has no notebook run, so they are graded in the grade part.
+MADE_BY_THE_NOTEBOOK = ("06-stages", "06-html")
 
 # A graded cell that takes more than this share of its limit on the reference is "too close":
 # a slower student, or a busier machine, would lose it.

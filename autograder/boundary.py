@@ -115,7 +115,7 @@ def write(dest: Path, data: bytes, mtime_ns: int | None = None) -> None:
 
 def copy_file(folder: Path, name: str, dest: Path, cap: int = FILE_BYTES) -> None:
     """:func:`read` ``folder/name`` and :func:`write` it to ``dest``, keeping its modification time
-    (01's trace check asks whether the kernel wrote it)."""
+    (06's report check asks whether the kernel wrote it)."""
     mtime = _mtime(folder, name)
     write(dest, read(folder, name, cap), mtime)
 

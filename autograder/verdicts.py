@@ -57,7 +57,7 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     """Run notebook ``number``'s verdict process; returns its verdicts (``{"error": ...}`` if none).
 
     ``dirs`` are the submission's folders (grade.Folders). What the process takes from the kernel,
-    the code its checks carried forward (``code/<NN>.py``) and 01's trace, is read from the
+    the code its checks carried forward (``code/<NN>.py``), is read from the
     kernel's results store through :mod:`.boundary` into ``inputs/<NN>/``, a fresh folder root owns
     and the sandbox sees read-only, beside the spec; the process copies them into the grader's
     store itself. Its verdict comes back as a file in ``outbox/``, read the same bounded way, and
@@ -71,10 +71,10 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
         shutil.copytree(dirs.judged, inputs / "judged", symlinks=True)
     problems = []
     judged = judging.judges(number, settings["profile"])
-    # What the process takes, from where: the kernel's carried code (and 01's trace); for a judged
+    # What the process takes, from where: the kernel's carried code; for a judged
     # notebook, also the earlier notebooks' carried code its student worker runs, as this grader
     # kept it (root's copy where a judge decided that notebook, else the store its verdict wrote).
-    wanted = [(dirs.results, f"code/{number}.py")] + ([(dirs.results, "traces/01-trace.json")] if number == "01" else [])
+    wanted = [(dirs.results, f"code/{number}.py")]
     for earlier in judging.EARLIER_CODE.get(number, ()) if judged else ():
         name = f"code/{earlier}.py"
         wanted.append((dirs.judged if (dirs.judged / name).is_file() else dirs.store, name))

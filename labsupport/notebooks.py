@@ -28,7 +28,7 @@ class Notebook:
 
 NOTEBOOKS: tuple[Notebook, ...] = (
     Notebook("01", "01_profile.ipynb", "profile ResNet-18 training",
-             ("measure_throughput", "diagnose", "top_operators"),
+             ("measure_throughput", "diagnose", "labelled_step", "top_operators"),
              "01-baseline", "baseline", "naive PIL loader in the training process, fp32, loss.item() every step"),
     Notebook("02", "02_data_loading.ipynb", "data loading", ("make_fast_loader",),
              "02-data", "+data loading", "your input pipeline (02): decode once, batched augmentation, "

@@ -280,7 +280,7 @@ def build(scenario: str, release: dict, masters: dict) -> dict:
         cell = _by_id(nbs["07_compression"], "distillation_loss")  # the soft term without its T^2
         cell.source = _replace(cell.source, "return alpha * task + (1 - alpha) * t * t * soft",
                                "return alpha * task + (1 - alpha) * soft")
-        cell = _by_id(nbs["01_profile"], "torch_profiler")
+        cell = _by_id(nbs["01_profile"], "labelled_step")
         cell.source = _replace(cell.source, (
             '    with record_function("data wait"):\n        batch = next(batches)\n'
             '    with record_function("host to device"):\n        images, labels = step.to_device(*batch)\n'), (

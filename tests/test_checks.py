@@ -45,9 +45,9 @@ def test_01_reference_passes_and_missing_code_fails():
     missing = checks.run("01", {})
     assert {r.status for r in missing.values()} == {"fail"}
     assert "`measure_throughput` is not defined" in missing["01-throughput-error"].note
-    assert "01-trace.json does not exist" in missing["01-trace"].note
+    assert "`labelled_step` is not defined" in missing["01-trace"].note
     assert "`top_operators` is not defined" in missing["01-top-operators"].note
-    ns = solution("01", "cell-03", "measure_throughput", "diagnose", "torch_profiler", "top_operators")
+    ns = solution("01", "cell-03", "measure_throughput", "diagnose", "labelled_step", "top_operators")
     found = checks.run("01", ns)
     assert {k: r.status for k, r in found.items() if k != "01-throughput-sync"} == {
         "01-throughput-error": "pass", "01-diagnose": "pass", "01-trace": "pass", "01-phases-labelled": "pass",
@@ -115,37 +115,116 @@ def test_01_top_operators_by_total_time_in_the_wrong_unit_or_typed_fails(wrong):
     assert result.status == "fail" and result.measured < 1, result.note
 
 
-def test_01_trace_without_the_phase_labels_fails():
+LABELLED_STEP = """
+import torch
+import torch.nn.functional as F
+from torch.profiler import record_function
+
+
+def labelled_step(batches, step):
+    with record_function("data wait"):
+        batch = next(batches)
+    with record_function("host to device"):
+        images, labels = step.to_device(*batch)
+    with record_function("forward"):
+        loss = F.cross_entropy(step.model(images), labels)
+    with record_function("backward"):
+        loss.backward()
+    with record_function("optimizer"):
+        step.optimizer.step()
+        step.optimizer.zero_grad()
+    return loss.item()
+"""
+
+
+def _labelled(*edits: tuple[str, str]) -> dict:
+    """A namespace holding the reference's labelled_step, each ``(old, new)`` edit made to its source."""
+    source = LABELLED_STEP
+    for old, new in edits:
+        assert old in source, old
+        source = source.replace(old, new)
+    namespace = {}
+    exec(compile(source, "<labelled_step>", "exec"), namespace)
+    return namespace
+
+
+def _trace_checks(namespace: dict) -> dict:
+    found = checks.run("01", namespace, only=("01-trace",))
+    return {check: (found[check].status, found[check].measured, found[check].note)
+            for check in ("01-trace", "01-phases-labelled")}
+
+
+def test_01_labelled_step_is_profiled_by_the_check_and_a_trace_file_earns_nothing():
+    """The check profiles labelled_step itself: the reference earns both points with no trace file
+    written, and a trace file written by hand (every label and operator the check once read from
+    it) beside a step that labels nothing earns no phase."""
+    found = _trace_checks(_labelled())
+    assert found["01-trace"][0] == "pass" and found["01-trace"][1] >= 80, found  # two steps' forward convs alone
+    assert found["01-phases-labelled"][:2] == ("pass", 5), found
+    assert not (ls.results.results_dir() / "traces").exists()
     path = ls.results.results_dir() / "traces" / "01-trace.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    events = [{"name": "forward", "cat": "user_annotation", "ts": 0, "dur": 10},
-              {"name": "aten::conv2d", "cat": "cpu_op", "ts": 1, "dur": 5},
-              {"name": "backward", "cat": "cpu_op", "ts": 11, "dur": 5}]  # an operator named like a phase is not a label
-    path.write_text(json.dumps({"traceEvents": events}))
-    found = checks.run("01", {}, only=("01-trace",))
-    assert found["01-trace"].status == "pass"
-    assert found["01-phases-labelled"].status == "fail" and found["01-phases-labelled"].measured == 1
-    assert "'data wait', 'host to device', 'backward', 'optimizer'" in found["01-phases-labelled"].note
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"traceEvents": [
+        {"name": name, "cat": "user_annotation", "ts": 10 * i, "dur": 5} for i, name in enumerate(ls.train.PHASES)]}))
+    unlabelled = _labelled(*[(f'    with record_function("{p}"):\n', "    if True:\n") for p in ls.train.PHASES])
+    found = _trace_checks(unlabelled)
+    assert found["01-trace"][0] == "pass", found  # it trains, and runs convolutions
+    assert found["01-phases-labelled"][:2] == ("fail", 0), found
+    assert "no record_function label for 'data wait', 'host to device', 'forward'" in found["01-phases-labelled"][2]
+
+
+def test_01_labels_around_token_work_with_the_step_run_outside_them_lose_the_phases():
+    """Labels that each hold a token of their work (one small convolution, its backward, a spare
+    optimizer's step) while the step itself runs after them: the optimizer's label holds an update,
+    the forward and the backward fewer convolutions than the network has."""
+    decoy = _labelled(
+        ('    with record_function("forward"):\n        loss = F.cross_entropy(step.model(images), labels)\n'
+         '    with record_function("backward"):\n        loss.backward()\n'
+         '    with record_function("optimizer"):\n        step.optimizer.step()\n        step.optimizer.zero_grad()\n',
+         '    w = torch.zeros(1, 3, 3, 3, requires_grad=True)\n'
+         '    spare = torch.optim.SGD([w], lr=0.1)\n'
+         '    with record_function("forward"):\n        token = F.conv2d(images[:1], w).sum()\n'
+         '    with record_function("backward"):\n        token.backward()\n'
+         '    with record_function("optimizer"):\n        spare.step()\n'
+         '    loss = F.cross_entropy(step.model(images), labels)\n    loss.backward()\n'
+         '    step.optimizer.step()\n    step.optimizer.zero_grad()\n'))
+    found = _trace_checks(decoy)
+    assert found["01-trace"][0] == "pass", found
+    assert found["01-phases-labelled"][:2] == ("fail", 3), found
+    assert "'forward', 'backward' wrap not the work they name" in found["01-phases-labelled"][2], found
+
+
+@pytest.mark.parametrize("edit, why", [
+    (('        step.optimizer.step()\n', ''), "the weights of the step it was given did not move"),
+    (('        batch = next(batches)\n', '        next(batches)\n        batch = next(batches)\n'),
+     "it took [2, 2, 2, 2] batches"),
+], ids=["no-update", "two-batches"])
+def test_01_a_labelled_step_that_is_not_one_training_step_fails_both(edit, why):
+    found = _trace_checks(_labelled(edit))
+    for check in ("01-trace", "01-phases-labelled"):
+        status, _, note = found[check]
+        assert status == "fail" and "correctness check failed" in note and why in note, found
 
 
 def _step_trace(order=("data wait", "host to device", "forward", "backward", "optimizer"), hollow=()):
-    """One profiled step: each phase label (in ``order``) around the work its phase names, except
-    the ``hollow`` ones, which wrap nothing (their work runs after every label)."""
+    """One profiled step as ``(name, is a label, start, end)``: each phase label (in ``order``)
+    around the work its phase names, except the ``hollow`` ones, which wrap nothing (their work
+    runs after every label)."""
     work = {"data wait": "enumerate(DataLoader)#__next__", "host to device": "aten::to",
-            "forward": "aten::conv2d", "backward": "autograd::engine::evaluate_function: ConvolutionBackward0",
+            "forward": "aten::conv2d", "backward": "aten::convolution_backward",
             "optimizer": "aten::_foreach_add_"}
-    events = [{"name": "ProfilerStep#2", "cat": "user_annotation", "ts": 0, "dur": 1000}]
+    events = [("ProfilerStep*", True, 0, 1000)]
     for i, phase in enumerate(order):
-        events.append({"name": phase, "cat": "user_annotation", "ts": 10 + 100 * i, "dur": 50})
+        events.append((phase, True, 10 + 100 * i, 60 + 100 * i))
         at = 900 + i if phase in hollow else 20 + 100 * i
-        events.append({"name": work[phase], "cat": "cpu_op", "ts": at, "dur": 1})
+        events.append((work[phase], False, at, at + 1))
     return events
 
 
 @pytest.mark.parametrize("case, measured, why", [
     (dict(), 5, ""),
-    (dict(hollow=("forward", "backward", "optimizer")), 2, "wrap none of the work"),
-    (dict(hollow=("optimizer",)), 4, "'optimizer' wraps none"),
+    (dict(hollow=("forward", "backward", "optimizer")), 2, "wrap not the work"),
+    (dict(hollow=("optimizer",)), 4, "'optimizer' wraps not"),
     (dict(order=("data wait", "host to device", "backward", "forward", "optimizer")), 0, "not in the step's order"),
 ], ids=["honest", "labels-around-nothing", "optimizer-outside", "out-of-order"])
 def test_01_each_phase_label_holds_the_work_it_names_in_one_step(case, measured, why):
@@ -155,12 +234,12 @@ def test_01_each_phase_label_holds_the_work_it_names_in_one_step(case, measured,
     assert got == measured and why in note, (got, note)
 
 
-def test_01_trace_must_be_a_chrome_trace(tmp_path):
-    path = ls.results.results_dir() / "traces" / "01-trace.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("not json")
-    result = checks.run("01", {}, only=("01-trace",))["01-trace"]
-    assert result.status == "fail" and "not a Chrome trace" in result.note
+def test_01_the_forward_and_backward_labels_hold_every_convolution_of_the_network():
+    from labsupport.grading.g01_profile import model_convolutions, phases_holding_their_work
+
+    assert model_convolutions() == 20  # ResNet-18's
+    got, note = phases_holding_their_work(_step_trace(), convolutions=2)
+    assert got == 3 and "'forward', 'backward' wrap not the work they name" in note, note
 
 
 # 02 ------------------------------------------------------------------------------------------

@@ -670,25 +670,11 @@ def test_06_what_a_pipeline_says_of_its_timed_calls_is_checked_in_the_judge():
 
 # 01 --------------------------------------------------------------------------------------------
 
-def _trace_01(path: Path) -> None:
-    """A Chrome trace as 01's profiler cell writes it, cut to what 01's checks read: one profiled
-    step, its five phases labelled in order, each around the work it names."""
-    events, t = [{"name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000}], 10
-    work = {"forward": "aten::conv2d", "backward": "ConvolutionBackward0", "optimizer": "Optimizer.step#SGD.step"}
-    for phase in ("data wait", "host to device", "forward", "backward", "optimizer"):
-        events.append({"name": phase, "cat": "user_annotation", "ts": t, "dur": 100})
-        if phase in work:
-            events.append({"name": work[phase], "cat": "cpu_op", "ts": t + 10, "dur": 50})
-        t += 150
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"traceEvents": events}))
-
-
 def test_01_reference_is_judged_correct_in_its_worker(tmp_path, tiny_data, reference_code):
     """01 decided by the judge, with no baseline worker: the reference's timer, diagnosis and
-    top operators called in the student's worker; this machine's phase breakdown and 01's rung
-    measured by the judge itself; the trace read from root's copy of what the kernel wrote."""
-    _trace_01(tmp_path / "inputs" / "traces" / "01-trace.json")
+    top operators called in the student's worker, and its labelled_step profiled there (no trace
+    file is read: the kernel wrote none here); this machine's phase breakdown and 01's rung
+    measured by the judge itself."""
     verdict = judge(tmp_path, tiny_data, reference_code["01"], notebook="01")
     assert verdict["judge"] and not verdict["problems"], verdict
     assert statuses(verdict) == {"01-throughput-error": "pass", "01-throughput-sync": "n/a", "01-diagnose": "pass",
@@ -714,7 +700,6 @@ _g01._sleep = lambda seconds: _honest_sleep(seconds / 2)
 def measure_throughput(step, device, *, warmup, steps, samples_per_step):
     return _honest_timer(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)
 """
-    _trace_01(tmp_path / "caught" / "inputs" / "traces" / "01-trace.json")
     verdict = judge(tmp_path / "caught", tiny_data, code, notebook="01")
     assert_caught_patching(verdict, "g01_profile._sleep")
     # The same sleep halved from inside the timer, where only the judge's own clock can tell.
@@ -732,13 +717,47 @@ def measure_throughput(step, device, *, warmup, steps, samples_per_step):
     finally:
         _g01._sleep = _honest_sleep
 """
-    _trace_01(tmp_path / "inputs" / "traces" / "01-trace.json")
     verdict = judge(tmp_path, tiny_data, code, notebook="01")
     timer = verdict["checks"]["01-throughput-error"]
     assert timer["status"] == "fail" and "not what its sleeps can take" in timer["note"], timer
     assert statuses(verdict) == {"01-throughput-error": "fail", "01-throughput-sync": "n/a", "01-diagnose": "pass",
                                  "01-trace": "pass", "01-phases-labelled": "pass", "01-top-operators": "pass"}, \
         verdict["checks"]
+
+
+def test_01_a_labelled_step_whose_labels_hold_token_work_loses_the_phases_alone(tmp_path, tiny_data, reference_code):
+    """Labels around a token convolution, its backward and a spare optimizer's step, the real step
+    run after them, in the worker: the profile the judge reads shows the forward and backward
+    labels holding 1 of the network's 20 convolutions; the step trains, so 01-trace holds."""
+    code = reference_code["01"] + """
+
+def labelled_step(batches, step):
+    batch = next(batches)
+    images, labels = step.to_device(*batch)
+    w = torch.zeros(1, 3, 3, 3, requires_grad=True)
+    spare = torch.optim.SGD([w], lr=0.1)
+    with record_function("data wait"):
+        pass
+    with record_function("host to device"):
+        pass
+    with record_function("forward"):
+        token = torch.nn.functional.conv2d(images[:1], w).sum()
+    with record_function("backward"):
+        token.backward()
+    with record_function("optimizer"):
+        spare.step()
+    loss = torch.nn.functional.cross_entropy(step.model(images), labels)
+    loss.backward()
+    step.optimizer.step()
+    step.optimizer.zero_grad()
+    return loss.item()
+"""
+    verdict = judge(tmp_path, tiny_data, code, notebook="01")
+    assert statuses(verdict) == {"01-throughput-error": "pass", "01-throughput-sync": "n/a", "01-diagnose": "pass",
+                                 "01-trace": "pass", "01-phases-labelled": "fail", "01-top-operators": "pass"}, \
+        verdict["checks"]
+    phases = verdict["checks"]["01-phases-labelled"]
+    assert phases["measured"] == 3 and "'forward', 'backward' wrap not the work" in phases["note"], phases
 
 
 # 04 --------------------------------------------------------------------------------------------

@@ -338,7 +338,7 @@ def process_start_s() -> float | None:
 
 def written_now(path: Path, cell: str) -> Path:
     """``path``, checked to exist and to have been written by this kernel; else a StudentCodeError
-    naming ``cell``, the cell that writes it (Used by: 01's trace and 06's report checks)."""
+    naming ``cell``, the cell that writes it (Used by: 06's report check)."""
     if not path.is_file():
         raise StudentCodeError(f"{path} does not exist: run {cell}, which writes it.")
     started = process_start_s()

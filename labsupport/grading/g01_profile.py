@@ -3,10 +3,12 @@
 - ``01-throughput-error``: ``measure_throughput`` agrees with labsupport's timer on a known workload.
 - ``01-throughput-sync``: on CUDA it times the kernels, not their launches.
 - ``01-diagnose``: ``diagnose`` names the bottleneck of crafted breakdowns and of this machine's.
-- ``01-trace``: the torch.profiler trace was written by this kernel and holds convolutions.
-- ``01-phases-labelled``: the trace labels the five phases of one step with ``record_function``, in
-  order, each around the work it names (the forward its convolutions, the backward its
-  ``*_backward`` operators, the optimizer its update).
+- ``01-trace``: ``labelled_step``, profiled by the check, is a training step (one batch, the weights
+  move) whose profile holds convolutions. The trace file the student's cell exports is theirs to
+  read in Perfetto; no file is graded (one is as easy to write as to record).
+- ``01-phases-labelled``: that profile labels the five phases of one step with ``record_function``,
+  in order, each around the work it names (the forward every convolution of the network, the
+  backward every ``convolution_backward``, the optimizer its update).
 - ``01-top-operators``: ``top_operators`` reads the operators taking the most self time from
   ``key_averages()``, as the profiler's own table sorts them, on a profile taken now.
 
@@ -14,12 +16,12 @@ Each check is written once, against ``sides``: :class:`Here` calls the student's
 process (the notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which
 calls them in the student's worker and gets back what they returned, as plain values. What the
 checks measure themselves (this machine's phase breakdown, the CUDA reference timing) is measured
-where the check runs: in the judge, by the judge.
+where the check runs: in the judge, by the judge; the profile of ``labelled_step`` is taken where
+the step runs, and only its events come back.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 # Bound when labsupport is imported, before any student code runs (as measure's clock is): a
 # notebook that later replaces time.sleep or time.perf_counter does not change the known workload.
@@ -29,8 +31,8 @@ from time import sleep as _sleep
 import numpy as np
 import torch
 
-from .. import measure, pipeline, results, train
-from . import StudentCodeError, judge, register, student, written_now
+from .. import measure, pipeline, train
+from . import StudentCodeError, judge, register, student
 
 
 class _KnownWorkload:
@@ -102,6 +104,10 @@ class Here:
             raise StudentCodeError(f"top_operators must return a list of (operator name, self ms) pairs, "
                                    f"largest first; it returned {type(got).__name__}") from None
         return got, [(e.key, float(_self_time_us(e, device))) for e in averages]
+
+    def labelled_profile(self) -> dict:
+        """``labelled_step`` profiled here (:func:`profile_labelled`)."""
+        return profile_labelled(student(self.namespace, "labelled_step", "01"), self.lab)
 
 
 def _answer(value) -> str:
@@ -217,76 +223,121 @@ def diagnose(namespace, lab, sides=None):
 
 @register("01-trace", "01-phases-labelled")
 def trace(namespace, lab, sides=None):
-    """results/traces/01-trace.json was written by this kernel, parses, holds convolution events,
-    and labels each phase of a step (train.PHASES) with record_function."""
-    path = written_now(results.results_dir() / "traces" / "01-trace.json", "the torch.profiler cell of 01")
-    try:
-        events = json.loads(path.read_text())["traceEvents"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise StudentCodeError(f"{path} is not a Chrome trace ({err}); export it with "
-                               "prof.export_chrome_trace(path).") from None
-    if not isinstance(events, list):
-        raise StudentCodeError(f"{path} is not a Chrome trace (traceEvents is not a list); export it "
-                               "with prof.export_chrome_trace(path).")
-    events = [e for e in events if isinstance(e, dict)]
-    convs = sum(1 for e in events if "conv" in str(e.get("name", "")).lower())
-    labelled, why = phases_holding_their_work(events)
-    return [judge("01-trace", convs, lab.machine.as_dict(),
-                  note=f"{len(events)} events, {convs} of them convolutions"),
-            judge("01-phases-labelled", labelled, lab.machine.as_dict(),
+    """The student's ``labelled_step``, profiled by the check (:func:`profile_labelled`): each call
+    is a training step of the step it was given (one batch, the weights moved), its profiled steps
+    hold convolutions, and it labels each phase of a step (train.PHASES) with record_function
+    around the work that phase names."""
+    student(namespace, "labelled_step", "01")
+    sides = sides or Here(namespace, lab)
+    profiled = sides.labelled_profile()
+    events, drawn, moved = profiled["events"], profiled["drawn"], profiled["moved"]
+    wrong = "; ".join(filter(None, [
+        any(n != 1 for n in drawn) and f"it took {drawn} batches from `batches` in its {len(drawn)} calls: "
+                                       "one step takes one batch",
+        not moved and "the weights of the step it was given did not move: call `step.optimizer`'s step"]))
+    convs = sum(1 for name, label, _, _ in events if not label and "conv" in name.lower())
+    labelled, why = phases_holding_their_work(events, model_convolutions())
+    return [judge("01-trace", convs, lab.machine.as_dict(), correct=not wrong, why_incorrect=wrong,
+                  note=f"your labelled_step, profiled by the check: {len(events)} events, {convs} of them "
+                       "convolutions"),
+            judge("01-phases-labelled", labelled, lab.machine.as_dict(), correct=not wrong, why_incorrect=wrong,
                   note=why or "every phase of one step is labelled, in order, around the work it names")]
 
 
-# What a labelled phase must hold (an operator or label starting inside it whose name contains one
-# of these, lower-cased): the work it names. "data wait" and "host to device" may hold no operator
-# (on a CPU the copy to the device is nothing).
-PHASE_WORK = {"forward": ("conv",), "backward": ("backward",),
+# The profile the check takes: a warm-up, then two steps recorded, as 01's profiler cell does.
+PROFILE_CALLS, PROFILE_SCHEDULE = 4, dict(wait=1, warmup=1, active=2)
+
+
+def profile_labelled(fn: Callable, lab) -> dict:
+    """``fn(batches, step)`` (the student's ``labelled_step``) called PROFILE_CALLS times under
+    torch.profiler with PROFILE_SCHEDULE, given the naive loader's batches and a fresh fp32 step of
+    the lab's: ``{"events": [(name, is a record_function label, start µs, end µs)] of the recorded
+    steps, "drawn": batches each call took, "moved": whether the step's weights changed}``."""
+    step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+    source = pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed))
+    taken = [0]
+
+    def batches():
+        for batch in source:
+            taken[0] += 1
+            yield batch
+
+    feed, before = batches(), [p.detach().clone() for p in step.model.parameters()]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if lab.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    drawn = []
+    with torch.profiler.profile(activities=activities,
+                                schedule=torch.profiler.schedule(**PROFILE_SCHEDULE)) as prof:
+        for _ in range(PROFILE_CALLS):
+            was = taken[0]
+            fn(feed, step)
+            measure.sync(lab.device)
+            drawn.append(taken[0] - was)
+            prof.step()
+    moved = any(not torch.equal(a, b.detach()) for a, b in zip(before, step.model.parameters()))
+    events = [(str(e.name), bool(e.is_user_annotation), float(e.time_range.start), float(e.time_range.end))
+              for e in prof.events()]
+    return {"events": events, "drawn": drawn, "moved": moved}
+
+
+def model_convolutions() -> int:
+    """How many convolutions one forward of the lab's network runs (its Conv2d layers: ResNet-18's 20)."""
+    with torch.device("meta"):
+        model = train.build_model()
+    return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+
+# What a labelled phase must hold (operators or labels starting inside it, by name, lower-cased):
+# the work it names. The forward and the backward hold every convolution of the network ("at
+# least as many as it has"): a label around one token convolution, with the step run outside it,
+# holds one. "data wait" and "host to device" may hold nothing (on a CPU the copy is nothing).
+PHASE_WORK = {"forward": ("aten::conv2d",), "backward": ("aten::convolution_backward",),
               "optimizer": ("optimizer.step#", "_foreach_", "aten::add_", "aten::mul_", "aten::addcmul_",
                             "aten::lerp_")}
+PHASE_HOLDS_EVERY_CONVOLUTION = ("forward", "backward")
 
 
-def _span(event) -> tuple[float, float] | None:
-    try:
-        start, dur = float(event.get("ts")), float(event.get("dur", 0.0))
-    except (TypeError, ValueError):
-        return None
-    return start, start + max(dur, 0.0)
-
-
-def phases_holding_their_work(events: list[dict]) -> tuple[int, str]:
+def phases_holding_their_work(events: list[tuple[str, bool, float, float]], convolutions: int = 1) -> tuple[int, str]:
     """``(phases, why)``: how many of train.PHASES one profiled step labels with record_function,
-    in order, each around the work it names (PHASE_WORK), in the step that does best; ``why``
-    says what is missing there ("" when all five are). A step is a ``ProfilerStep#N`` span (the
-    whole trace where there is none); the first label of each phase in it counts."""
+    in order, each around the work it names (PHASE_WORK; the forward and the backward at least
+    ``convolutions`` of theirs), in the step that does best; ``why`` says what is missing there
+    ("" when all five are). ``events`` are ``(name, is a label, start, end)``; a step is a
+    ``ProfilerStep`` label (the whole profile where there is none); the first label of each phase
+    in it counts."""
     import bisect
 
-    spans = [(s, str(e.get("name", "")), str(e.get("cat", ""))) for e in events
-             for s in [_span(e)] if s is not None]
-    work = sorted((start, name.lower()) for (start, _), name, cat in spans if cat != "user_annotation"
-                  or name.startswith("Optimizer."))
+    work = sorted((start, name.lower()) for name, label, start, _ in events
+                  if not label or name.startswith("Optimizer."))
     starts = [w[0] for w in work]
-    steps = [s for s, name, cat in spans if cat == "user_annotation" and name.startswith("ProfilerStep#")]
+    steps = [(start, end) for name, label, start, end in events if label and name.startswith("ProfilerStep")]
     steps = steps or [(-float("inf"), float("inf"))]
-    labels = sorted((s, name) for s, name, cat in spans if cat == "user_annotation" and name in train.PHASES)
+    labels = sorted((start, end, name) for name, label, start, end in events if label and name in train.PHASES)
+
+    def holds(phase: str, start: float, end: float) -> bool:
+        inside = [name for _, name in work[bisect.bisect_left(starts, start):bisect.bisect_right(starts, end)]]
+        if phase in PHASE_HOLDS_EVERY_CONVOLUTION:
+            return sum(name == PHASE_WORK[phase][0] for name in inside) >= convolutions
+        return any(any(k in name for k in PHASE_WORK[phase]) for name in inside)
+
     best = (-1, "")
     for lo, hi in steps:
         first = {}
-        for (start, end), name in labels:
+        for start, end, name in labels:
             if lo <= start <= hi and name not in first:
                 first[name] = (start, end)
         missing = [p for p in train.PHASES if p not in first]
-        empty = [p for p, (start, end) in first.items() if p in PHASE_WORK and not any(
-            any(k in name for k in PHASE_WORK[p])
-            for _, name in work[bisect.bisect_left(starts, start):bisect.bisect_right(starts, end)])]
+        empty = [p for p, (start, end) in first.items() if p in PHASE_WORK and not holds(p, start, end)]
         order = [p for p in train.PHASES if p in first]
         ordered = all(first[a][1] <= first[b][0] for a, b in zip(order, order[1:]))
         good = 0 if not ordered else len(first) - len(empty)
         why = "; ".join(filter(None, [
-            missing and f"no record_function label for {', '.join(map(repr, missing))} in the trace; label each "
-                        "phase of the profiled step with ls.train.PHASES' names",
-            empty and f"{', '.join(map(repr, empty))} wrap{'s' if len(empty) == 1 else ''} none of the work "
-                      f"{'it names' if len(empty) == 1 else 'they name'} (the forward its convolutions, the backward "
-                      "its *_backward operators, the optimizer its update): put the step's own code inside the labels",
+            missing and f"no record_function label for {', '.join(map(repr, missing))} in the profile; label each "
+                        "phase of the step with ls.train.PHASES' names",
+            empty and f"{', '.join(map(repr, empty))} wrap{'s' if len(empty) == 1 else ''} not the work "
+                      f"{'it names' if len(empty) == 1 else 'they name'} (the forward all the network's "
+                      f"{convolutions} convolutions, the backward their {convolutions} convolution_backward, "
+                      "the optimizer its update): put the step's own code inside the labels",
             not ordered and f"the labels are not in the step's order ({', '.join(sorted(first, key=first.get))}, "
                             "by start time, overlapping"
                             " or not one after the other): label one step as it runs"]))

@@ -397,6 +397,26 @@ class Sides:
             raise StudentCodeError("top_operators' answer or its profile did not come back as (name, time) pairs") from None
         return got, table
 
+    def labelled_profile(self) -> dict:
+        """01: the student's ``labelled_step`` profiled in their worker
+        (:meth:`~.g01_profile.Here.labelled_profile`): the events, as names and a number table."""
+        from . import StudentCodeError
+
+        worker = self.workers["candidate"]
+        reply = worker.request("labelled_profile")
+        names, drawn = reply.get("names"), reply.get("drawn")
+        tables = worker.tensors(reply)
+        if (not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(tables) != 1
+                or tables[0].dim() != 2 or tables[0].shape[1] != 4 or not isinstance(drawn, list)
+                or not all(isinstance(n, int) for n in drawn)):
+            raise StudentCodeError("the profile of labelled_step did not come back as events")
+        events = []
+        for i, label, start, end in tables[0].tolist():
+            if not (0 <= i < len(names) and i == int(i)):
+                raise StudentCodeError("the profile of labelled_step came back naming events it did not send")
+            events.append((names[int(i)], bool(label), float(start), float(end)))
+        return {"events": events, "drawn": drawn, "moved": reply.get("moved") is True}
+
     def checkpoint_step(self, side: str) -> RemoteHeld:
         """04: the plain step (baseline) or the student's checkpointed one (candidate), held in
         ``side``'s worker (:class:`~.g04_checkpointing.HeldCheckpoint`)."""
@@ -559,9 +579,10 @@ MODEL_BYTES = 48 * 2**20
 
 def buffer_bytes(profile, number: str = "") -> int:
     """The shared buffer a worker's batch crosses: twice a float32 batch of the profile, 1 MiB more;
-    for 03, 04, 06 and 07, at least a model's state."""
+    for 03, 04, 06 and 07, at least a model's state; for 01, a profile's events (4 MiB)."""
     batch = 2 * profile.batch_size * 3 * profile.image_size ** 2 * 4 + 2**20
-    return max(batch, MODEL_BYTES + 2**20) if number in ("03", "04", "06", "07") else batch
+    floor = {"01": 4 * 2**20}.get(number, MODEL_BYTES + 2**20 if number in ("03", "04", "06", "07") else 0)
+    return max(batch, floor)
 
 
 def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> dict | None:
@@ -625,9 +646,6 @@ def main(argv: list[str] | None = None) -> int:
     for rung in sorted((Path(spec["inputs"]) / "rungs").glob("*.json")):
         if not (judged / rung.name).exists():
             shutil.copyfile(rung, judged / rung.name)
-    for trace in sorted((Path(spec["inputs"]) / "traces").glob("*.json")):  # 01's, as its kernel wrote it
-        (judged / "traces").mkdir(exist_ok=True)
-        shutil.copy2(trace, judged / "traces" / trace.name)  # keeps when the kernel wrote it
     worker_spec = {"notebook": number, "profile": spec["profile"], "data": spec["data"],
                    "inputs": spec["inputs"]}
     kw = dict(prefix=list(spec.get("sandbox") or []), env=dict(spec["env"]), buffer_bytes=buffer_bytes(lab.profile, number),

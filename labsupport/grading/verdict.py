@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _take_inputs(spec: dict) -> None:
-    """Copy what the grader took from the kernel (``inputs``: the carried code, 01's trace, in a
+    """Copy what the grader took from the kernel (``inputs``: the carried code, in a
     folder this process may only read) into the grader's store, where the checks look. Copied
     here, by this process, so the grader never writes into a folder a sandboxed process wrote."""
     import shutil
@@ -88,7 +88,7 @@ def _take_inputs(spec: dict) -> None:
             (store / path.relative_to(judged)).parent.mkdir(parents=True, exist_ok=True)
             (store / path.relative_to(judged)).unlink(missing_ok=True)
             shutil.copy2(path, store / path.relative_to(judged))
-    for sub in ("code", "traces"):
+    for sub in ("code",):
         for path in sorted((inputs / sub).glob("*")):
             (store / sub).mkdir(parents=True, exist_ok=True)
             (store / sub / path.name).unlink(missing_ok=True)

@@ -39,6 +39,10 @@ from pathlib import Path
 PRECISIONS = ("float16", "bfloat16")  # what a request may name for 05's inference (None: float32)
 
 
+# What one profile of 01's labelled_step may send back (the reference's: about 3,000 events of 113 names a step).
+MAX_EVENT_NAMES, MAX_EVENTS = 2000, 100_000  # 3.2 MB: the buffer holds it (judging.buffer_bytes)
+
+
 class Served:
     """What one worker holds and does: each ``op_<name>`` answers the request of that name."""
 
@@ -206,6 +210,23 @@ class Served:
         """01: the student's ``top_operators`` on a profile taken here now, and that profile's table."""
         got, table = self._here_01().top_operators(str(request["case"]))
         return {"got": got[:50], "table": [(key[:120], us) for key, us in table[:400]]}
+
+    def op_labelled_profile(self, request) -> dict:
+        """01: the student's ``labelled_step`` profiled here; its events come back as one number
+        table (each event: its name's index, whether it is a label, start and end in µs) and the
+        names once each."""
+        import torch
+
+        from labsupport.grading import wire
+
+        profiled = self._here_01().labelled_profile()
+        names = sorted({name[:200] for name, _, _, _ in profiled["events"]})[:MAX_EVENT_NAMES]
+        index = {name: i for i, name in enumerate(names)}
+        rows = [(index[name[:200]], float(label), start, end) for name, label, start, end in profiled["events"]
+                if name[:200] in index][:MAX_EVENTS]
+        table = torch.tensor(rows, dtype=torch.float64).reshape(-1, 4)
+        return {"names": names, "tensors": wire.put(self.view, [table]), "drawn": profiled["drawn"],
+                "moved": bool(profiled["moved"])}
 
     def op_checkpoint_step(self, request) -> dict:
         """04: the plain fp32 step (baseline), or the same network wrapped by the student's
