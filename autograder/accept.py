@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import statistics
 import subprocess
 import sys

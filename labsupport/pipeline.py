@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from time import perf_counter as _clock  # bound at import: code that patches time does not move it
 

@@ -5,7 +5,6 @@ on the whole batch, with and without ``no_sync`` accumulation); this test runs i
 profile and reads what it printed. 08 takes the accumulation from the student's own 04.
 """
 
-from pathlib import Path
 
 import nbformat
 import pytest
