@@ -25,9 +25,9 @@ run: $(STAMP)
 	$(PY) -m autograder run
 
 # pytest-xdist, a worker per core, a test file per worker at a time (--dist loadfile), in the order
-# tests/conftest.py gives (FILE_ORDER, --no-loadscope-reorder): the instructor tests, which grade
-# the class once in a module fixture (the long pole), start first, and the other files run beside
-# them, longest first.
+# tests/conftest.py gives (--no-loadscope-reorder; its LONGEST_FIRST, then the rest by size): the
+# instructor tests, which grade the class once in a module fixture (the long pole), start first,
+# and the other files run beside them, longest first.
 test: $(STAMP) browser sandbox slurm
 	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
 

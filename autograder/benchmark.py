@@ -30,13 +30,13 @@ def table(values: dict[str, list[float]], machine) -> pd.DataFrame:
     rows = []
     for check, vals in values.items():
         spec = specs[check]
-        bar = spec.get(machine.device_class)
+        bar = spec.defaults.get(machine.device_class)
         median = statistics.median(vals) if vals else None
         quartiles = statistics.quantiles(vals, n=4) if len(vals) >= 2 else [median, median, median]
         margin = None
         if median is not None and isinstance(bar, (int, float)) and median > 0:
-            margin = median / bar if spec["better"] == "higher" else bar / median
-        rows.append({"check": check, "better": spec["better"], "runs": len(vals), "median": median,
+            margin = median / bar if spec.better == "higher" else bar / median
+        rows.append({"check": check, "better": spec.better, "runs": len(vals), "median": median,
                      "q1": quartiles[0], "q3": quartiles[-1], "min": min(vals) if vals else None,
                      "max": max(vals) if vals else None, "class default": bar, "margin": margin})
     return pd.DataFrame(rows).set_index("check")

@@ -35,13 +35,11 @@ MARGIN = 0.85  # the reference must clear a bar by 15% in its worst run
 SPEEDUP_FLOOR = 1.10  # below this a "speedup" is within run-to-run noise of no change
 
 
-def calibrated_checks(thresholds: Path | None = None) -> dict[str, dict]:
-    """The checks of thresholds.toml marked ``calibrate = true``: ``{check id: spec}``."""
+def calibrated_checks(thresholds: Path | None = None) -> dict:
+    """The checks of thresholds.toml marked ``calibrate = true``: ``{check id: grading.CheckSpec}``."""
     from labsupport import grading
 
-    path = Path(thresholds) if thresholds else grading.thresholds_path()
-    checks = tomllib.loads(path.read_text())["checks"]
-    return {check: spec for check, spec in checks.items() if spec.get("calibrate")}
+    return {check: spec for check, spec in grading.check_specs(thresholds).items() if spec.calibrate}
 
 
 def _usable(result) -> bool:
@@ -100,21 +98,15 @@ def _measure_once(number: str, ids: tuple[str, ...], run: int, values: dict, pro
                             f"usable measurement ({result.note if result else 'not run'})")
 
 
-def applies(spec: dict, device_class: str) -> bool:
-    """Whether a check has a class default on ``device_class``: one that is n/a stays n/a whatever
-    the reference measures, so calibrate does not measure it."""
-    return spec.get(device_class) not in (None, "n/a")
-
-
-def derive(check: str, spec: dict, device_class: str, values: list[float]) -> tuple[object, str]:
-    """This machine's threshold for ``check`` from the reference's runs: ``(value or "n/a", why)``."""
-    default = spec.get(device_class)
-    if not applies(spec, device_class):
-        return "n/a", spec.get("na", {}).get(device_class, f"not applicable on {device_class}")
+def derive(check: str, spec, device_class: str, values: list[float]) -> tuple[object, str]:
+    """This machine's threshold for ``check`` (its ``grading.CheckSpec``) from the reference's runs:
+    ``(value or "n/a", why)``. A check n/a on the class stays n/a whatever the reference measures."""
+    if not spec.applies(device_class):
+        return "n/a", spec.na.get(device_class, f"not applicable on {device_class}")
     if not values:
-        return float(default), "no usable reference measurement: class default kept"
-    default = float(default)
-    if spec["better"] == "higher":
+        return float(spec.defaults[device_class]), "no usable reference measurement: class default kept"
+    default = float(spec.defaults[device_class])
+    if spec.better == "higher":
         worst = min(values)
         bar = round(MARGIN * worst, 2)
         if bar < SPEEDUP_FLOOR:
@@ -143,7 +135,7 @@ def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path 
     specs = calibrated_checks()
     shown = tuple(c for c in specs if only is None or c in only)
     # On class cpu, 03's, 05's (a cold compile) and 06's checks are n/a: not measured.
-    measured = tuple(c for c in shown if applies(specs[c], machine.device_class))
+    measured = tuple(c for c in shown if specs[c].applies(machine.device_class))
     # Measure with the class defaults, whatever an older calibration file says.
     old = os.environ.get("LAB_CALIBRATION")
     os.environ["LAB_CALIBRATION"] = str(path.with_suffix(".ignored-during-calibration"))
@@ -161,10 +153,10 @@ def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path 
         thresholds[check] = value
         if value == "n/a":
             reasons[check] = why
-        rows.append({"check": check, "better": specs[check]["better"],
-                     "class default": specs[check].get(machine.device_class),
+        rows.append({"check": check, "better": specs[check].better,
+                     "class default": specs[check].defaults.get(machine.device_class),
                      "reference median": statistics.median(vals) if vals else None,
-                     "reference worst": (min(vals) if specs[check]["better"] == "higher" else max(vals))
+                     "reference worst": (min(vals) if specs[check].better == "higher" else max(vals))
                      if vals else None,
                      "runs": len(vals), "calibrated": value, "why": why})
     lines = [f"# Thresholds of this grading machine, written by `python -m autograder calibrate` on "

@@ -218,11 +218,12 @@ def decide(verdict: dict, check_ids, machine) -> dict[str, Decision]:
     from labsupport import grading, hardware
 
     facts = machine.as_dict()
-    grades_speed = hardware.profile_for(machine.profile).grades_speed
+    profile = hardware.profile_for(machine.profile)  # the grading run's (LAB_PROFILE, as the spec's)
+    grades_speed = profile.grades_speed
     checks = verdict.get("checks") if isinstance(verdict.get("checks"), dict) else {}
     out = {}
     for check in check_ids:
-        bar, better, why_na = grading.threshold_for(check, facts)
+        bar, better, why_na = grading.threshold_for(check, facts, profile.name)
         shown = "" if bar is None else f"{'>=' if better == 'higher' else '<='} {bar:.3g}"
         entry = checks.get(check)
         if not isinstance(entry, dict):
@@ -250,7 +251,7 @@ def decide(verdict: dict, check_ids, machine) -> dict[str, Decision]:
                                   f"measured {measured:.3g}, this machine's bar is {shown} (the verdict "
                                   f"process said pass). {note}".strip())
         else:
-            out[check] = _outlier(check, measured, shown, better, note, grading.reference_runs(check, facts))
+            out[check] = _outlier(check, measured, shown, better, note, grading.reference_runs(check, facts, profile.name))
     return out
 
 

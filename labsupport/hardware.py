@@ -310,6 +310,15 @@ def gpu_profile(capability: tuple[int, int], sm_count: int, clock_khz: float, me
     return device_class
 
 
+def same_machine(a: dict, b: dict, *, cores: bool = False) -> bool:
+    """Whether two recorded machines (Machine facts) are the same one: the same device class and
+    device name, and with ``cores`` the same CPU cores (``grade --jobs`` grades each submission on
+    a share of them). The one rule for "this machine" (Used by: grading's calibration, report's
+    ladder)."""
+    keys = ("device_class", "device_name") + (("cpu_cores",) if cores else ())
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
 def describe_machine(device: torch.device | None = None) -> Machine:
     """Describe this machine and classify it (Used by: every notebook's first cell)."""
     import torchvision  # imported here: labsupport.hardware itself must not need it

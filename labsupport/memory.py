@@ -6,12 +6,13 @@
   torch preserves a storage's Python object while C++ still owns it). Only storages allocated
   inside the measured call count, and frees of tensors that existed before it (last step's
   gradients, which ``zero_grad(set_to_none=True)`` drops) are not subtracted.
-- Why not the allocators' own counters: CUDA's ``max_memory_allocated`` minus the bytes
+- Why not the allocators' own counters for the graded figure: CUDA's ``max_memory_allocated`` minus the bytes
   allocated at the start *does* subtract those frees, so a step that first drops last step's
   gradients would peak lower on CUDA than on a CPU by the size of the gradients. A budget set as
   a multiple of one step's peak (04's) would then mean different things on different devices. On
-  CPU there is no allocator counter at all (process RSS mixes in the Python heap, library code
-  and pages the OS has not reclaimed).
+  CPU the allocator keeps no counter; it reports each allocation and free to the profiler, which
+  :func:`cpu_allocator_peak` sums (slow: a cross-check, not the figure). Process RSS mixes in the
+  Python heap, library code and pages the OS has not reclaimed.
 - On any device, :func:`saved_activation_bytes` counts the bytes autograd keeps for backward,
   through ``torch.autograd.graph.saved_tensors_hooks``: the number activation checkpointing and
   mixed precision shrink.
@@ -83,19 +84,23 @@ class MemoryReport:
     peak_bytes: int  # most bytes allocated at once during the call, above what it started with
     retained_bytes: int  # bytes the call allocated and did not free (e.g. optimizer state)
     method: str  # how the bytes were counted: "torch-dispatch" on every device
-    # On CUDA, beside the count: the caching allocator's own peak above where the call started
-    # (torch.cuda.max_memory_allocated: block rounding and cuDNN workspaces included, which the
-    # count of tensor storages misses; what decides an out-of-memory error). None elsewhere.
+    # Beside the count, the allocator's own peak above where the call started. On CUDA the caching
+    # allocator's (torch.cuda.max_memory_allocated: block rounding and cuDNN workspaces included,
+    # which the count of tensor storages misses; what decides an out-of-memory error); on a CPU,
+    # where asked for, c10's CPU allocator's, from every allocation and free it reported to the
+    # profiler (:func:`cpu_allocator_peak`). None where not measured.
     allocator_peak_bytes: int | None = None
 
 
-def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryReport:
+def peak_step_bytes(fn: Callable[[], object], device: torch.device, *, cpu_allocator: bool = False) -> MemoryReport:
     """Peak bytes torch allocates on ``device`` while ``fn()`` runs.
 
     Counted by :class:`TensorBytes` on every device, so a ratio or budget means the same thing on a
     GPU as on a CPU. Run one warm-up call first, so one-off allocations (optimizer state) are not
     in the peak. Not for a ``torch.compile``'d ``fn``: the counting mode sees ops, and compiled code
-    runs fused kernels instead (the ladder shows no peak for 05's compiled rung).
+    runs fused kernels instead (the ladder shows no peak for 05's compiled rung). On CUDA the
+    allocator's own peak comes beside the count; on a CPU too with ``cpu_allocator`` (the call
+    then runs under the profiler: slower, so never for a timing).
     """
     device = torch.device(device)
     cuda = device.type == "cuda"
@@ -103,11 +108,91 @@ def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> MemoryRep
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         start = torch.cuda.memory_allocated(device)
+    allocator = None
     with TensorBytes(device.type) as counter:
-        fn()
+        if cpu_allocator and device.type == "cpu":
+            allocator = cpu_allocator_peak(fn)()
+        else:
+            fn()
         sync(device)
-    allocator = torch.cuda.max_memory_allocated(device) - start if cuda else None
+    if cuda:
+        allocator = torch.cuda.max_memory_allocated(device) - start
     return MemoryReport(counter.peak_bytes, counter.live_bytes, "torch-dispatch", allocator)
+
+
+def cpu_allocator_peak(fn: Callable[[], object]) -> Callable[[], int | None]:
+    """A call of ``fn()`` that returns the most bytes c10's CPU allocator held at once, in blocks
+    allocated while it ran, or None where the profiler recorded none of them.
+
+    Every CPU tensor's memory comes from that allocator, which reports each allocation and free
+    (with its address) to the profiler when it records memory (``profile_memory=True``). Summed
+    in order, as :class:`TensorBytes` counts storages (only blocks allocated inside the call;
+    frees of earlier ones, last step's gradients, left out), they give the allocator's own figure,
+    which sees tensors no dispatch mode was shown: a TorchDispatchMode can be switched off around
+    an op, the allocator cannot. (Used by: 04's checks, to cross-check the count where the
+    student's step runs.)
+    """
+    def run() -> int | None:
+        import json
+        import os
+        import tempfile
+
+        from torch.profiler import ProfilerActivity, profile
+
+        _spend_the_unknown_block_warning()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+        fd, path = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                events = json.load(f).get("traceEvents", [])
+        finally:
+            os.unlink(path)
+        changes = sorted((float(e["ts"]), int(e["args"]["Addr"]), int(e["args"]["Bytes"])) for e in events
+                         if isinstance(e, dict) and e.get("name") == "[memory]"
+                         and e.get("args", {}).get("Device Type") == 0 and "Addr" in e["args"])
+        if not changes:
+            return None
+        mine: dict[int, int] = {}  # address: bytes, of blocks allocated inside the call and not yet freed
+        live = peak = 0
+        for _, addr, nbytes in changes:
+            if nbytes > 0:
+                mine[addr] = mine.get(addr, 0) + nbytes
+                live += nbytes
+                peak = max(peak, live)
+            elif addr in mine:
+                live -= mine.pop(addr)
+        return peak
+    return run
+
+
+_warned = []
+
+
+def _spend_the_unknown_block_warning() -> None:
+    """c10 warns once per process, on stderr, when a block allocated before a memory profile is
+    freed during it ("Memory block of unknown size..."): true of every step that drops last step's
+    gradients, and left out of the sums on purpose. Spend that one warning here, with stderr
+    pointed at /dev/null, so no notebook or log shows it."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    if _warned:
+        return
+    _warned.append(True)
+    block = torch.empty(1024)
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+            del block
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _is_parameter_cast(t: torch.Tensor) -> bool:

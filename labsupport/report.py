@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import notebooks, results
+from . import hardware, notebooks, results
 
 # The ladder's rungs, in order: (stage recorded in the results store, rung label), from the registry.
 RUNGS = tuple((nb.stage, nb.rung) for nb in notebooks.rungs())
@@ -65,10 +65,6 @@ def _where(machine: dict) -> str:
     return f"{machine.get('device_name')} ({machine.get('device_class')})"
 
 
-def _same_machine(a: dict, b: dict) -> bool:
-    return all(a.get(k) == b.get(k) for k in ("device_class", "device_name"))
-
-
 def ladder(directory: Path | str | None = None, machine: dict | None = None,
            assemble: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> Ladder:
     """The ladder from the results store (Used by: 06 and the instructor's reports).
@@ -91,7 +87,7 @@ def ladder(directory: Path | str | None = None, machine: dict | None = None,
         rec = records.get(stage)
         if rec is None:
             continue
-        if machine and not _same_machine(rec["machine"], machine):
+        if machine and not hardware.same_machine(rec["machine"], machine):
             elsewhere[stage] = _where(rec["machine"])
             missing.append(f"{stage} ({label}): recorded on {elsewhere[stage]}, not on this machine; run "
                            f"{results.notebook_for(stage)} here, or ls.report.measure_here(lab, [{stage!r}]) "
@@ -405,7 +401,7 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
         from .hardware import describe_machine
 
         here = describe_machine()
-        if lad.machine and _same_machine(lad.machine, here.as_dict()):  # the peak is this machine's
+        if lad.machine and hardware.same_machine(lad.machine, here.as_dict()):  # the peak is this machine's
             roof = roofline(lad, here.device)
             if not roof.empty:
                 parts += ['<h2 id="roofline">How close to the machine\'s limit</h2>',

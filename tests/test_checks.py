@@ -1,4 +1,4 @@
-"""The graded checks of notebooks 01-06: the reference solution passes, and each check fails on a
+"""The graded checks of notebooks 01-07: the reference solution passes, and each check fails on a
 deliberately wrong or slow answer (a loader that drops samples, a step that skips backward, an
 fp16 step without a scaler, a timer without warm-up, a diagnosis that ignores the grouping,
 checkpointing that updates BatchNorm twice, accumulation that steps per micro-batch, a compiled
@@ -589,7 +589,8 @@ def test_04_accumulation_is_judged_against_the_labs_own_one_batch_step(monkeypat
     (showing the model its micro-batches under no_grad, and calling ``forward`` past the hook that
     counts them) and, given one micro-batch, holds 48 MiB more, so that its own one-batch peak reads
     high. The one batch's peak is the lab's own step, which it does not undercut: it fails. The
-    reference lowers the peak, and passes."""
+    same step with its forward and backward kept from the count fails on what the CPU allocator
+    held. The reference lowers the peak by both, and passes."""
     monkeypatch.setenv("LAB_PROFILE", "tiny:image_size=64,batch_size=16,grades_speed=1")
     ns = solution("04", *CKPT_CELLS)
     found = checks.run("04", ns, only=("04-accum-match",))["04-accum-match"]
@@ -610,6 +611,62 @@ def test_04_accumulation_is_judged_against_the_labs_own_one_batch_step(monkeypat
     ns["accumulate_step"] = whole_batch
     found = checks.run("04", ns, only=("04-accum-match",))["04-accum-match"]
     assert found.status == "fail" and "must lower the peak" in found.note, found.note
+
+    def hidden(model, optimizer, images, labels, micro_batches):
+        """The whole batch at once, its forward and backward kept from the count (a dispatch mode
+        switched off): the count reads a fall, the CPU allocator none."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        optimizer.zero_grad()
+        with torch.no_grad():
+            for x in images.tensor_split(micro_batches):
+                model(x)
+        with _disable_current_modes():
+            loss = torch.nn.functional.cross_entropy(model.forward(images), labels)
+            loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    ns["accumulate_step"] = hidden
+    found = checks.run("04", ns, only=("04-accum-match",))["04-accum-match"]
+    assert found.status == "fail" and "the count missed tensors" in found.note, found.note
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU allocator's cross-check runs where the lab runs on a CPU")
+def test_04_a_network_kept_from_the_count_fails_on_what_the_cpu_allocator_held(monkeypatch):
+    """A network whose forward runs with the counting dispatch mode switched off (and one
+    convolution more, so backward seems to recompute): the count reads a saving, c10's CPU
+    allocator none, and the memory and overhead checks fail as incorrect, naming both figures. The
+    reference at the same scale passes (its allocator saving exceeds its counted one)."""
+    monkeypatch.setenv("LAB_PROFILE", "tiny:image_size=64")
+    ns = solution("04", *CKPT_CELLS)
+    found = checks.run("04", ns, only=("04-activation-ratio",))
+    assert found["04-activation-ratio"].status == "pass" and found["04-fits-budget"].status == "pass", \
+        {k: r.note for k, r in found.items()}
+    exec(compile("""
+from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
+
+
+def checkpointed(model, segments):
+    class Hidden(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            with _disable_current_modes():
+                out = self.model(x)
+            with torch.no_grad():
+                self.model.conv1(x)
+            return out
+    return Hidden()
+""", "<hidden>", "exec"), ns)
+    found = checks.run("04", ns, only=("04-activation-ratio",))
+    assert found["04-grad-match"].status == "pass", found["04-grad-match"].note
+    for check in ("04-activation-ratio", "04-fits-budget"):
+        assert found[check].reason == "incorrect" and "the count missed tensors" in found[check].note, found[check]
+        assert "what the CPU allocator held by 0.0 MiB" in found[check].note, found[check].note
 
 
 def test_04_missing_segments_choice_is_explained():

@@ -100,15 +100,19 @@ def test_only_a_missed_speed_or_memory_bar_counts_as_information():
     assert misses == [] and len(failures) == 2
 
 
-def test_make_tests_file_order_names_every_test_file():
-    """make test hands the test files to its workers in conftest's FILE_ORDER, longest first: a file
-    left out would run last, where a long one leaves the other core idle."""
+def test_make_tests_file_order_starts_with_the_longest_files_and_needs_no_entry_for_a_new_one():
+    """make test hands the test files to its workers longest first: conftest's LONGEST_FIRST, which
+    names only files that exist, then every other file, the largest first."""
     from pathlib import Path
 
     import conftest
 
-    files = sorted(p.name for p in Path(conftest.__file__).parent.glob("test_*.py"))
-    assert sorted(conftest.FILE_ORDER) == files, "name every test file in tests/conftest.py's FILE_ORDER"
+    paths = sorted(Path(conftest.__file__).parent.glob("test_*.py"))
+    assert set(conftest.LONGEST_FIRST) <= {p.name for p in paths}, "LONGEST_FIRST names a file that is gone"
+    order = [p.name for p in sorted(paths, key=conftest.file_rank)]
+    assert order[:len(conftest.LONGEST_FIRST)] == list(conftest.LONGEST_FIRST)
+    rest = [p for p in sorted(paths, key=conftest.file_rank) if p.name not in conftest.LONGEST_FIRST]
+    assert [p.stat().st_size for p in rest] == sorted((p.stat().st_size for p in rest), reverse=True)
 
 
 def test_the_setup_cell_keeps_an_old_torch_and_says_what_to_do(monkeypatch):

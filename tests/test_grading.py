@@ -6,18 +6,27 @@ import torch
 from torch import nn
 
 import labsupport
-from labsupport import grading
+from labsupport import grading, hardware
 from labsupport.train import StepConfig, TrainStep
 
 AMX = {"device_class": "cpu-bf16", "device_name": "Intel(R) Xeon(R) Processor"}
 PLAIN_CPU = {"device_class": "cpu", "device_name": "Some laptop"}
 
 
+def lab_on(facts: dict, profile: str | None = None) -> hardware.Lab:
+    """A Lab on this CPU described as ``facts`` say, at ``profile`` (default: its class's)."""
+    import dataclasses
+
+    machine = dataclasses.replace(hardware.describe_machine(torch.device("cpu")), profile=facts["device_class"],
+                                  **facts)
+    return hardware.Lab(torch.device("cpu"), machine, hardware.profile_for(profile or machine.profile, ""), seed=0)
+
+
 def test_class_defaults_and_not_applicable():
     assert grading.threshold_for("03-amp-speedup", AMX) == (1.3, "higher", "")
     threshold, better, why = grading.threshold_for("03-amp-speedup", PLAIN_CPU)
     assert threshold is None and "no bf16 units" in why
-    result = grading.judge("03-amp-speedup", 0.8, PLAIN_CPU)
+    result = grading.judge("03-amp-speedup", 0.8, lab_on(PLAIN_CPU))
     assert result.status == "n/a" and result.passed and "no bf16 units" in result.note
 
 
@@ -41,18 +50,20 @@ def test_calibration_applies_only_to_its_machine(monkeypatch, tmp_path):
 
 def test_a_calibration_applies_only_at_the_profile_it_was_measured_at(monkeypatch, tmp_path):
     """A bar eased at the tiny test profile says nothing of the class's own scale: grading there,
-    or at an edited profile, uses the class defaults."""
+    or at an edited profile, uses the class defaults. The profile is the one the check ran at (the
+    Lab it was given), never read from the environment by the bar."""
     cal = tmp_path / "calibration.toml"
     cal.write_text('[machine]\ndevice_class = "cpu-bf16"\ndevice_name = "Intel(R) Xeon(R) Processor"\n'
                    '[calibration]\nprofile = "tiny"\n[thresholds]\n"03-amp-speedup" = 1.15\n')
     monkeypatch.setenv("LAB_CALIBRATION", str(cal))
     machine = {**AMX, "profile": "cpu-bf16"}
+    assert grading.threshold_for("03-amp-speedup", machine, "tiny")[0] == 1.15
+    assert grading.threshold_for("03-amp-speedup", machine)[0] == 1.3  # the machine's own profile
+    assert grading.threshold_for("03-amp-speedup", machine, "tiny:rounds=5")[0] == 1.3
     monkeypatch.setenv("LAB_PROFILE", "tiny")
-    assert grading.threshold_for("03-amp-speedup", machine)[0] == 1.15
-    monkeypatch.delenv("LAB_PROFILE")
-    assert grading.threshold_for("03-amp-speedup", machine)[0] == 1.3
-    monkeypatch.setenv("LAB_PROFILE", "tiny:rounds=5")
-    assert grading.threshold_for("03-amp-speedup", machine)[0] == 1.3
+    assert grading.threshold_for("03-amp-speedup", machine, "cpu-bf16")[0] == 1.3
+    assert grading.judge("03-amp-speedup", 1.2, lab_on(AMX, "tiny")).threshold == 1.15
+    assert grading.judge("03-amp-speedup", 1.2, lab_on(AMX, "cpu-bf16")).threshold == 1.3
 
 
 def test_a_calibration_measured_on_more_cores_does_not_apply_to_a_share_of_them(monkeypatch, tmp_path):
@@ -72,22 +83,22 @@ def test_a_calibration_measured_on_more_cores_does_not_apply_to_a_share_of_them(
     ("03-amp-speedup", None, "fail"),
 ])
 def test_judge_compares_in_the_right_direction(check, measured, status):
-    assert grading.judge(check, measured, AMX).status == status
+    assert grading.judge(check, measured, lab_on(AMX)).status == status
 
 
 def test_fast_but_wrong_fails():
-    result = grading.judge("03-amp-speedup", 5.0, AMX, correct=False, why_incorrect="NaN weights")
+    result = grading.judge("03-amp-speedup", 5.0, lab_on(AMX), correct=False, why_incorrect="NaN weights")
     assert result.status == "fail" and "NaN weights" in result.note and not result.passed
 
 
 def test_not_applicable_still_needs_the_optimisation_done():
     """Where speed cannot be graded the points need the work seen directly (e.g. a compiled
     model); and a bar that unoptimised code clears on this machine earns nothing."""
-    lazy = grading.judge("03-amp-speedup", 1.0, PLAIN_CPU, optimised=False, why_not_optimised="no graph")
+    lazy = grading.judge("03-amp-speedup", 1.0, lab_on(PLAIN_CPU), optimised=False, why_not_optimised="no graph")
     assert lazy.status == "fail" and "not optimised: no graph" in lazy.note and not lazy.passed
-    assert grading.judge("03-amp-speedup", 1.0, PLAIN_CPU).status == "n/a"
-    assert grading.judge("02-data-wait-share", 0.07, AMX, optimised=False).status == "fail"
-    assert grading.judge("02-data-wait-share", 0.07, AMX).status == "pass"
+    assert grading.judge("03-amp-speedup", 1.0, lab_on(PLAIN_CPU)).status == "n/a"
+    assert grading.judge("02-data-wait-share", 0.07, lab_on(AMX), optimised=False).status == "fail"
+    assert grading.judge("02-data-wait-share", 0.07, lab_on(AMX)).status == "pass"
 
 
 def test_fresh_copy_ignores_monkeypatching(monkeypatch):
@@ -99,8 +110,8 @@ def test_fresh_copy_ignores_monkeypatching(monkeypatch):
 
 
 def test_table_shows_measured_threshold_and_result():
-    rows = grading.table([grading.judge("03-amp-speedup", 1.7, AMX),
-                          grading.judge("03-activation-ratio", 0.7, AMX)])
+    rows = grading.table([grading.judge("03-amp-speedup", 1.7, lab_on(AMX)),
+                          grading.judge("03-activation-ratio", 0.7, lab_on(AMX))])
     assert list(rows.columns) == ["check", "measured", "threshold", "result", "note"]
     assert list(rows["result"]) == ["PASS", "FAIL"] and rows["threshold"][0] == ">= 1.3"
 
@@ -196,7 +207,7 @@ def test_a_graded_function_that_patches_a_library_fails_and_cannot_change_the_ti
     def measured(namespace, lab):
         namespace["make_fast_loader"](lab)  # the student's code runs inside the check
         seen["one_off_s"] = measure.one_off_s(lambda: sum(range(10**6)), "cpu")
-        return [grading.judge("02-loader-speedup", 5.0, lab.machine.as_dict())]
+        return [grading.judge("02-loader-speedup", 5.0, lab)]
 
     def faking(lab):
         time.perf_counter = lambda: 0.0  # every interval measures 0 s

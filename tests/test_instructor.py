@@ -521,15 +521,18 @@ def test_cell_timeout_is_sized_per_device_class():
 # --- calibration ----------------------------------------------------------------------------------
 
 def test_derive_eases_only_what_the_reference_cannot_clear():
-    spec = {"better": "higher", "cpu-bf16": 2.0}
+    from labsupport.grading import CheckSpec
+
+    spec = CheckSpec("x", "", "higher", True, {"cpu-bf16": 2.0}, {})
     assert calibrate.derive("x", spec, "cpu-bf16", [3.0, 2.8]) == (2.0, "class default")
     value, why = calibrate.derive("x", spec, "cpu-bf16", [1.8, 1.7, 1.9])
     assert value == pytest.approx(0.85 * 1.7, abs=0.01) and "eased" in why
     assert calibrate.derive("x", spec, "cpu-bf16", [1.2])[0] == "n/a"
-    lower = {"better": "lower", "cpu-bf16": 0.4}
+    lower = CheckSpec("y", "", "lower", True, {"cpu-bf16": 0.4}, {})
     assert calibrate.derive("y", lower, "cpu-bf16", [0.30])[0] == 0.4
     assert calibrate.derive("y", lower, "cpu-bf16", [0.39, 0.41])[0] == pytest.approx(0.41 / 0.85, abs=1e-3)
-    assert calibrate.derive("z", {"better": "higher", "cpu": "n/a", "na": {"cpu": "no"}}, "cpu", [2.0]) == ("n/a", "no")
+    assert calibrate.derive("z", CheckSpec("z", "", "higher", True, {"cpu": "n/a"}, {"cpu": "no"}), "cpu", [2.0]) == \
+        ("n/a", "no")
 
 
 def test_calibration_file_is_written_and_used_by_grading(tmp_path, monkeypatch, tiny_data):
@@ -540,12 +543,14 @@ def test_calibration_file_is_written_and_used_by_grading(tmp_path, monkeypatch, 
                                       progress=False)
     assert table.loc["02-loader-speedup", "runs"] == 1
     monkeypatch.setenv("LAB_CALIBRATION", str(path))
-    machine = describe_machine().as_dict()
-    threshold, _, why = grading.threshold_for("02-loader-speedup", machine)
+    lab = grading.grading_lab()  # at the profile calibrate measured at (LAB_PROFILE, read once here)
+    machine = lab.machine.as_dict()
+    threshold, _, why = grading.threshold_for("02-loader-speedup", machine, lab.profile.name)
     calibrated = table.loc["02-loader-speedup", "calibrated"]
     assert (threshold is None and calibrated == "n/a" and why) or threshold == pytest.approx(calibrated)
     other = dict(machine, device_name="another machine")
-    assert grading.threshold_for("02-loader-speedup", other)[0] == 3.0  # class default elsewhere
+    assert grading.threshold_for("02-loader-speedup", other, lab.profile.name)[0] == 3.0  # class default elsewhere
+    assert grading.threshold_for("02-loader-speedup", machine)[0] == 3.0  # and at the class's own profile
 
 
 @pytest.mark.parametrize("device_class", ["cpu", "cpu-bf16"])
@@ -569,13 +574,13 @@ def test_calibrate_measures_only_the_checks_that_apply_on_the_machines_class(tmp
     monkeypatch.setattr(calibrate, "measure", measure)
     path, table = calibrate.calibrate(1, path=tmp_path / "calibration.toml", progress=False)
     specs = calibrate.calibrated_checks()
-    skipped = {check for check, spec in specs.items() if spec[device_class] == "n/a"}
+    skipped = {check for check, spec in specs.items() if spec.defaults[device_class] == "n/a"}
     assert ("05-compile-speedup" in skipped) == (device_class == "cpu")
     assert sorted(asked) == sorted(set(specs) - skipped) and list(table.index) == list(specs)
     written = tomllib.loads(path.read_text())
     for check in skipped:
         assert table.loc[check, "runs"] == 0 and table.loc[check, "calibrated"] == "n/a"
-        assert table.loc[check, "why"] == written["na"][check] == specs[check]["na"][device_class]
+        assert table.loc[check, "why"] == written["na"][check] == specs[check].na[device_class]
         assert written["thresholds"][check] == "n/a" and check not in written["measured"]
 
 

@@ -1,4 +1,4 @@
-"""The judge (labsupport/grading/judging.py): 01-06's verdicts decided by a process that runs no
+"""The judge (labsupport/grading/judging.py): 01-07's verdicts decided by a process that runs no
 student code, driving the student's carried code in a worker and the baseline in another (01 has
 none: what its checks compare with, the judge measures itself).
 
@@ -832,8 +832,8 @@ import labsupport.memory as _memory
 
 _forward_bytes, _peak_step_bytes = _memory.forward_bytes, _memory.peak_step_bytes
 _memory.forward_bytes = lambda fn, device: _forward_bytes(fn, device) // 4
-_memory.peak_step_bytes = lambda fn, device: _dc.replace(_peak_step_bytes(fn, device),
-                                                         peak_bytes=_peak_step_bytes(fn, device).peak_bytes // 4)
+_memory.peak_step_bytes = lambda fn, device, **kw: _dc.replace(
+    _peak_step_bytes(fn, device), peak_bytes=_peak_step_bytes(fn, device).peak_bytes // 4)
 """
 
 # ... with the counters made to read a quarter only when checkpointed() is called (after the load).
@@ -845,8 +845,8 @@ import labsupport.memory as _memory
 def checkpointed(model, segments):
     forward_bytes, peak_step_bytes = _memory.forward_bytes, _memory.peak_step_bytes
     _memory.forward_bytes = lambda fn, device: forward_bytes(fn, device) // 4
-    _memory.peak_step_bytes = lambda fn, device: _dc.replace(peak_step_bytes(fn, device),
-                                                             peak_bytes=peak_step_bytes(fn, device).peak_bytes // 4)
+    _memory.peak_step_bytes = lambda fn, device, **kw: _dc.replace(
+        peak_step_bytes(fn, device), peak_bytes=peak_step_bytes(fn, device).peak_bytes // 4)
     return model
 """
 

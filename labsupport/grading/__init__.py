@@ -110,67 +110,119 @@ def _read_toml(path: Path, what: str) -> dict:
         raise GradingSetupError(f"The {what} file {path} is not valid TOML ({err}).") from None
 
 
-def threshold_for(check: str, machine: dict) -> tuple[float | None, str, str]:
-    """The bar for ``check`` on ``machine``: ``(threshold or None, better, why-not-applicable)``.
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check's entry in thresholds.toml: what it measures and its class defaults."""
+
+    check: str  # its id, e.g. "02-loader-speedup"
+    what: str  # what is measured, in words
+    better: str  # "higher" or "lower"
+    calibrate: bool  # a speed or memory ratio whose bar ``calibrate`` sets per machine
+    defaults: dict  # {device class: bar, or "n/a"}
+    na: dict  # {device class: why the check does not apply there}
+
+    def applies(self, device_class: str) -> bool:
+        """Whether the class has a bar: one that is n/a stays n/a whatever the reference measures."""
+        return self.defaults.get(device_class) not in (None, "n/a")
+
+
+def check_specs(path: Path | None = None) -> dict[str, CheckSpec]:
+    """Every check of thresholds.toml (``path``, default :func:`thresholds_path`), by id."""
+    path = Path(path) if path else thresholds_path()
+    checks = _read_toml(path, "thresholds").get("checks", {})
+    return {check: CheckSpec(check, str(spec.get("what", "")), spec["better"], bool(spec.get("calibrate")),
+                             {k: v for k, v in spec.items() if k not in ("what", "better", "calibrate", "na")},
+                             dict(spec.get("na", {})))
+            for check, spec in checks.items()}
+
+
+def check_spec(check: str) -> CheckSpec:
+    """Check ``check``'s entry in thresholds.toml, or a GradingSetupError naming the known checks."""
+    specs = check_specs()
+    if check not in specs:
+        raise GradingSetupError(f"No check named {check!r} in {thresholds_path()}; "
+                                f"known checks: {', '.join(sorted(specs))}.")
+    return specs[check]
+
+
+@dataclass(frozen=True)
+class Bar:
+    """A check's bar on one machine at one profile: what every verdict on it is decided against."""
+
+    threshold: float | None  # None: the check does not apply here
+    better: str  # "higher" or "lower"
+    why_na: str  # why it does not apply ("" where it does)
+    calibrated: bool = False  # from this machine's calibration file, not the class default
+
+
+def bar(check: str, machine: dict, profile: str | None = None) -> Bar:
+    """The bar for ``check`` on ``machine`` (a Machine's facts) at ``profile`` (the name of the
+    profile the check ran at; default the machine's own). The one place a bar is decided: the
+    self-check and the judge (through :func:`judge`), the grader's recomputation, ``calibrate``,
+    ``accept`` and ``make run`` all ask here.
 
     The class default of thresholds.toml, unless a calibration file measured on this machine at
-    this profile (:func:`calibration_for`) says otherwise. The judge, the self-check, the grader's
-    recomputation and calibrate all take a bar from here.
+    this profile (:func:`calibration_for`) says otherwise. Nothing here reads the environment
+    but the two files' paths: the profile is the caller's.
     """
-    checks = _read_toml(thresholds_path(), "thresholds").get("checks", {})
-    if check not in checks:
-        raise GradingSetupError(f"No check named {check!r} in {thresholds_path()}; "
-                                f"known checks: {', '.join(sorted(checks))}.")
-    spec, cls = checks[check], machine["device_class"]
-    value = spec.get(cls)
+    spec, cls = check_spec(check), machine["device_class"]
+    value = spec.defaults.get(cls)
     if value is None:
         raise GradingSetupError(f"{thresholds_path()}: check {check!r} has no threshold for "
                                 f"device class {cls!r}.")
     if value == "n/a":
-        return None, spec["better"], spec.get("na", {}).get(cls, "not applicable on " + cls)
-    cal = calibration_for(machine)
+        return Bar(None, spec.better, spec.na.get(cls, "not applicable on " + cls))
+    cal = calibration_for(machine, profile)
     if cal is not None and check in cal.get("thresholds", {}):
         value = cal["thresholds"][check]
         if value == "n/a":  # the reference itself cannot clear a meaningful bar here
-            return None, spec["better"], cal.get("na", {}).get(
-                check, f"not applicable on this machine (calibration file {calibration_path()})")
-    return float(value), spec["better"], ""
+            return Bar(None, spec.better, cal.get("na", {}).get(
+                check, f"not applicable on this machine (calibration file {calibration_path()})"), True)
+        return Bar(float(value), spec.better, "", True)
+    return Bar(float(value), spec.better, "")
 
 
-def calibration_for(machine: dict) -> dict | None:
-    """The calibration file's contents if it was measured on ``machine`` at its profile, else None.
+def threshold_for(check: str, machine: dict, profile: str | None = None) -> tuple[float | None, str, str]:
+    """:func:`bar` as ``(threshold or None, better, why-not-applicable)``."""
+    found = bar(check, machine, profile)
+    return found.threshold, found.better, found.why_na
 
-    A calibration file applies only to the machine it was measured on (same device class, device
-    name and, where the file records them, CPU cores: ``grade --jobs`` grades each submission on a
-    share of the cores) and at the profile it was measured at (a bar eased for ``LAB_PROFILE=tiny``
-    says nothing of the class's own scale).
+
+def calibration_for(machine: dict, profile: str | None = None) -> dict | None:
+    """The calibration file's contents if it was measured on ``machine`` at ``profile`` (default:
+    the machine's own), else None.
+
+    A calibration file applies only to the machine it was measured on (:func:`hardware.same_machine`,
+    CPU cores included where the file records them: ``grade --jobs`` grades each submission on a
+    share of the cores) and at the profile it was measured at (a bar eased for the tiny test
+    profile says nothing of the class's own scale).
     """
     calibration = calibration_path()
     if not calibration.exists():
         return None
     cal = _read_toml(calibration, "calibration")
     measured_on = cal.get("machine", {})
-    keys = ("device_class", "device_name") + (("cpu_cores",) if "cpu_cores" in measured_on else ())
-    if not all(measured_on.get(k) == machine.get(k) for k in keys):
+    if not hardware.same_machine(measured_on, machine, cores="cpu_cores" in measured_on):
         return None
     at = cal.get("calibration", {}).get("profile")
-    if at is not None and machine.get("profile") is not None \
-            and at != hardware.profile_for(machine["profile"]).name:
+    if at is not None and at != (profile or machine.get("profile") or at):
         return None
     return cal
 
 
-def reference_runs(check: str, machine: dict) -> list[float]:
-    """What the reference measured for ``check`` on ``machine`` when it was calibrated (none if it
-    was not calibrated there): the grader holds a result far beyond these for a person."""
-    cal = calibration_for(machine) or {}
+def reference_runs(check: str, machine: dict, profile: str | None = None) -> list[float]:
+    """What the reference measured for ``check`` on ``machine`` at ``profile`` when it was
+    calibrated (none if it was not calibrated there): the grader holds a result far beyond these
+    for a person."""
+    cal = calibration_for(machine, profile) or {}
     return [float(v) for v in cal.get("measured", {}).get(check, [])]
 
 
-def judge(check: str, measured: float | None, machine: dict, *, correct: bool = True,
+def judge(check: str, measured: float | None, lab: hardware.Lab, *, correct: bool = True,
           why_incorrect: str = "", optimised: bool = True, why_not_optimised: str = "",
           note: str = "", details: dict | None = None) -> CheckResult:
-    """Compare a fresh measurement with this machine's threshold, after its two partners.
+    """Compare a fresh measurement with the bar on ``lab`` (its machine, at its profile:
+    :func:`bar`), after its two partners.
 
     - ``correct``: the correctness partner. A result that is not correct fails whatever it
       measured, even where the check does not apply: fast but wrong earns nothing, and neither
@@ -180,8 +232,9 @@ def judge(check: str, measured: float | None, machine: dict, *, correct: bool = 
       now). Where speed cannot be graded (n/a) the points then still need the work done, and a
       bar that unoptimised code happens to clear on this machine earns nothing.
     """
-    threshold, better, not_applicable = threshold_for(check, machine)
-    cls = machine["device_class"]
+    found = bar(check, lab.machine.as_dict(), lab.profile.name)
+    threshold, better, not_applicable = found.threshold, found.better, found.why_na
+    cls = lab.machine.device_class
     details = details or {}
     if not correct:  # before n/a: a check that cannot apply here still needs working code
         return CheckResult(check, measured, threshold, better, cls, "fail",
@@ -234,13 +287,14 @@ def check(notebook: str, namespace: dict) -> pd.DataFrame:
 def table(results) -> pd.DataFrame:
     """The self-check table: check, measured, threshold, result."""
     results = list(results)
-    def bar(r: CheckResult) -> str:
+
+    def shown(r: CheckResult) -> str:
         return "" if r.threshold is None else f"{'>=' if r.better == 'higher' else '<='} {r.threshold:.3g}"
 
     return pd.DataFrame({
         "check": [r.check for r in results],
         "measured": ["" if r.measured is None else f"{r.measured:.3g}" for r in results],
-        "threshold": [bar(r) for r in results],
+        "threshold": [shown(r) for r in results],
         "result": [r.status.upper() for r in results],
         "note": [r.note for r in results],
     })
@@ -307,7 +361,7 @@ def speed(lab: hardware.Lab, check: str, measured: float | None, better: str = "
         return CheckResult(check, measured, None, better, lab.machine.device_class, "n/a",
                            f"profile {lab.profile.name} is for tests and does not grade speed or "
                            f"peaks; {partner.get('note', '')}".rstrip("; "), partner.get("details") or {})
-    return judge(check, measured, lab.machine.as_dict(), **partner)
+    return judge(check, measured, lab, **partner)
 
 
 def one_batch(lab: hardware.Lab, batch_size: int | None = None, image_size: int | None = None, seed: int = 0,

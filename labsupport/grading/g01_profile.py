@@ -161,7 +161,7 @@ def throughput(namespace, lab, sides=None):
     worst = max(errors, key=lambda k: abs(errors[k]))
     note = (f"worst: {worst} off by {errors[worst]:+.0%} (the {steps} timed calls took: median "
             f"{ref.median_ms:.1f} ms, p95 {ref.percentile_ms(95):.1f} ms, {ref.samples_per_s:.0f} images/s)")
-    return [judge("01-throughput-error", abs(errors[worst]), lab.machine.as_dict(), note=note)]
+    return [judge("01-throughput-error", abs(errors[worst]), lab, note=note)]
 
 
 @register("01-throughput-sync")
@@ -173,12 +173,12 @@ def throughput_sync(namespace, lab, sides=None):
     if lab.device.type != "cuda":
         # Not applicable here, but the function must still run and answer (no free points).
         sides.timed_workload("none", warmup=1, steps=3, samples=1)
-        return [judge("01-throughput-sync", None, lab.machine.as_dict())]
+        return [judge("01-throughput-sync", None, lab)]
     sides.focus(None)
     ref = measure.time_steps(_queued_matmuls(lab.device), lab.device, warmup=3, steps=20)
     got, _, _ = sides.timed_workload("matmul", warmup=3, steps=20, samples=1)
     ratio = got["median_ms"] / ref.median_ms
-    return [judge("01-throughput-sync", ratio, lab.machine.as_dict(),
+    return [judge("01-throughput-sync", ratio, lab,
                           note=f"yours {got['median_ms']:.2f} ms vs CUDA events {ref.median_ms:.2f} ms")]
 
 
@@ -217,7 +217,7 @@ def diagnose(namespace, lab, sides=None):
     wrong = [(b, want, got) for (b, want), got in zip(cases, answers) if got != want]
     note = "; ".join(f"{({k: round(v, 1) for k, v in b.items()})} is {want!r}, you said {got!r}"
                      for b, want, got in wrong[:2])
-    return [judge("01-diagnose", 1 - len(wrong) / len(cases), lab.machine.as_dict(),
+    return [judge("01-diagnose", 1 - len(wrong) / len(cases), lab,
                           note=note or f"this machine, measured now: {cases[-1][1]}")]
 
 
@@ -237,10 +237,10 @@ def trace(namespace, lab, sides=None):
         not moved and "the weights of the step it was given did not move: call `step.optimizer`'s step"]))
     convs = sum(1 for name, label, _, _ in events if not label and "conv" in name.lower())
     labelled, why = phases_holding_their_work(events, model_convolutions())
-    return [judge("01-trace", convs, lab.machine.as_dict(), correct=not wrong, why_incorrect=wrong,
+    return [judge("01-trace", convs, lab, correct=not wrong, why_incorrect=wrong,
                   note=f"your labelled_step, profiled by the check: {len(events)} events, {convs} of them "
                        "convolutions"),
-            judge("01-phases-labelled", labelled, lab.machine.as_dict(), correct=not wrong, why_incorrect=wrong,
+            judge("01-phases-labelled", labelled, lab, correct=not wrong, why_incorrect=wrong,
                   note=why or "every phase of one step is labelled, in order, around the work it names")]
 
 
@@ -418,5 +418,5 @@ def top_operators(namespace, lab, sides=None):
                                    "change the profiler or labsupport's workloads")
         problems.append(_top_operators_problem(got, table, n, what))
     problems = [p for p in problems if p]
-    return [judge("01-top-operators", 1 - len(problems) / 2, lab.machine.as_dict(),
+    return [judge("01-top-operators", 1 - len(problems) / 2, lab,
                   note="; ".join(problems) or "the profiler's top operators by self time, on both profiles")]

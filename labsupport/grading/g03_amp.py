@@ -210,7 +210,7 @@ def amp_speed_and_memory(namespace, lab, sides=None):
     fast = speed(lab, "03-amp-speedup", cmp.speedup.median, correct=timed_ok, why_incorrect=timed_why)
     fast = dataclasses.replace(fast, note=(fast.note + "; " if fast.note else "") + str(cmp) + baseline_precision(lab.device))
     ref_bytes, amp_bytes = fp32.saved_bytes(), amp.saved_bytes()
-    mem = judge("03-activation-ratio", amp_bytes / ref_bytes, lab.machine.as_dict(),
+    mem = judge("03-activation-ratio", amp_bytes / ref_bytes, lab,
                         correct=correct, why_incorrect=why,
                         note=f"{amp_bytes / 2**20:.0f} MiB saved for backward vs {ref_bytes / 2**20:.0f} MiB in fp32")
     return [fast, mem]
@@ -256,7 +256,7 @@ def amp_accuracy(namespace, lab, sides=None):
     gap = 100 * (fp32_acc - amp_acc)
     note = f"fp32 {100 * fp32_acc:.1f}%, yours {100 * amp_acc:.1f}% after {steps} steps at {size} px"
     details = {"accuracy_fp32": fp32_acc, "accuracy": amp_acc, "steps": steps, "image_size": size}
-    return [judge("03-accuracy-gap", gap, lab.machine.as_dict(), note=note, details=details)]
+    return [judge("03-accuracy-gap", gap, lab, note=note, details=details)]
 
 
 @register("03-fp16-scaler")
@@ -278,5 +278,5 @@ def fp16_scaler(namespace, lab, sides=None):
         ok, why = False, "an overflowing float16 step changed the weights: the scaler should have skipped it"
     else:
         ok, why = trains(held, steps=5)
-    return [judge("03-fp16-scaler", float(ok), lab.machine.as_dict(), correct=ok, why_incorrect=why,
+    return [judge("03-fp16-scaler", float(ok), lab, correct=ok, why_incorrect=why,
                           note="" if ok else why)]

@@ -103,12 +103,11 @@ def compile_inference(namespace, lab, sides=None):
     student(namespace, "compile_inference", "05")
     student(namespace, "break_even_steps", "05")
     sides = sides or Here(namespace, lab)
-    machine = lab.machine.as_dict()
     cannot = hardware.compile_problem(lab.machine)
     if cannot:  # an older GPU: nothing to compile with; the formula is checked on crafted cases
         wrong = _break_even_errors(sides.break_even, [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)])
         return [CheckResult("05-compile-speedup", None, None, "higher", lab.machine.device_class, "n/a", cannot),
-                judge("05-break-even", float(not wrong), machine, correct=not wrong,
+                judge("05-break-even", float(not wrong), lab, correct=not wrong,
                       why_incorrect="; ".join(wrong), note="two crafted cases (no compile time to measure here)")]
     # Inference in the student's own 03 precision, carried forward: bf16 where they chose it. Without
     # it, float32, said in the note (the break-even check does not depend on it).
@@ -153,7 +152,7 @@ def compile_inference(namespace, lab, sides=None):
     eager_ms, compiled_ms = summary["baseline_ms"], summary["candidate_ms"]
     cases = [(compile_s, eager_ms, compiled_ms), (20.0, 100.0, 60.0), (30.0, 50.0, 55.0)]
     wrong = _break_even_errors(sides.break_even, cases)
-    even = judge("05-break-even", float(not wrong), machine, correct=not wrong,
+    even = judge("05-break-even", float(not wrong), lab, correct=not wrong,
                  why_incorrect="; ".join(wrong),
                  note=f"compile took {compile_s:.1f} s (measured now, graph caches off); "
                       f"pays after {cases[0][0] * 1000 / max(eager_ms - compiled_ms, 1e-9):.0f} steps"

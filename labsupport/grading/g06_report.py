@@ -36,7 +36,7 @@ def stages(namespace, lab, sides=None):
     """Every rung of the ladder was recorded, on this machine."""
     lad = report.ladder(machine=lab.machine.as_dict())
     present = len(lad.rows)
-    return [judge("06-stages", present, lab.machine.as_dict(),
+    return [judge("06-stages", present, lab,
                   note="; ".join(lad.missing) or f"all {present} stages recorded on this machine")]
 
 
@@ -109,7 +109,7 @@ def ladder_table(namespace, lab, sides=None):
         problems = ladder_problems(frame, assemble(frame.copy()))
         if problems:
             wrong.append(f"on {name}: " + "; ".join(problems[:3]))
-    return [judge("06-ladder-table", float(not wrong), lab.machine.as_dict(), correct=not wrong,
+    return [judge("06-ladder-table", float(not wrong), lab, correct=not wrong,
                   why_incorrect="; ".join(wrong))]
 
 
@@ -374,5 +374,5 @@ def html_report(namespace, lab, sides=None):
              "embedded plots": text.count('src="data:image/png;base64,') >= 1,
              "machine": 'class="dataframe machine"' in text}
     missing = [k for k, v in found.items() if not v]
-    return [judge("06-html", float(not missing), lab.machine.as_dict(), correct=not missing,
+    return [judge("06-html", float(not missing), lab, correct=not missing,
                   why_incorrect=f"{path} lacks: {', '.join(missing)}")]

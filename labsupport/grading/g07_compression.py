@@ -66,7 +66,7 @@ def _gap_check(check: str, lab, fp32_acc: float, acc: float, *, correct: bool, w
         return CheckResult(check, None, None, "lower", lab.machine.device_class, "n/a",
                            f"profile {lab.profile.name} trains too briefly to compare accuracy; your code ran",
                            details)
-    return judge(check, gap, lab.machine.as_dict(), correct=correct, why_incorrect=why, note=note,
+    return judge(check, gap, lab, correct=correct, why_incorrect=why, note=note,
                  details=details)
 
 
@@ -214,7 +214,7 @@ def pruning(namespace, lab, sides=None):
     with compress.quiet():
         acc = compress.accuracy(final, data.val_images, data.val_labels)
     why = "; ".join(wrong)
-    sparse = judge("07-sparsity", fraction, lab.machine.as_dict(), correct=not wrong, why_incorrect=why,
+    sparse = judge("07-sparsity", fraction, lab, correct=not wrong, why_incorrect=why,
                    note=f"{fraction:.2%} of {total / 1e6:.1f} M Conv2d and Linear weights are zero, "
                         f"counted in the weights after the fine-tune and make_permanent",
                    details={"sparsity": fraction, "weights": total})
@@ -274,7 +274,7 @@ def int8(namespace, lab, sides=None):
     if not error <= MAX_LOGIT_ERROR:
         wrong.append(f"logits differ from fp32's by {error:.1%} (relative L2; {MAX_LOGIT_ERROR:.0%} allowed)")
     correct, why = not wrong, "; ".join(wrong)
-    small = judge("07-int8-size", ratio, lab.machine.as_dict(), correct=correct, why_incorrect=why,
+    small = judge("07-int8-size", ratio, lab, correct=correct, why_incorrect=why,
                   note=f"{int8_bytes / 2**20:.1f} MiB vs {fp32_bytes / 2**20:.1f} MiB "
                        f"in fp32; logits within {error:.2%} of fp32's",
                   details={"bytes_ratio": ratio, "logit_error": error})
@@ -395,7 +395,7 @@ def distillation(namespace, lab, sides=None):
     student(namespace, "distillation_loss", "07")
     cases = distill_cases(lab.seed)
     worst, why = _distill_errors(cases, (sides or Here(namespace, lab)).distill_losses(cases))
-    loss = judge("07-distill-loss", worst, lab.machine.as_dict(), correct=not why, why_incorrect=why,
+    loss = judge("07-distill-loss", worst, lab, correct=not why, why_incorrect=why,
                  note=f"largest relative error {worst:.2g} over {len(cases)} crafted cases (loss and gradient)",
                  details={"relative_error": worst})
     correct = loss.status == "pass"
@@ -403,7 +403,7 @@ def distillation(namespace, lab, sides=None):
         return [loss, CheckResult("07-distill-accuracy", None, None, "higher", lab.machine.device_class, "n/a",
                                   f"profile {lab.profile.name} trains too briefly to compare accuracy; your loss is exact")]
     if not correct:
-        return [loss, judge("07-distill-accuracy", None, lab.machine.as_dict(), correct=False,
+        return [loss, judge("07-distill-accuracy", None, lab, correct=False,
                             why_incorrect=f"distillation_loss is not the distillation loss ({why or loss.note})")]
     data, teacher, _ = trained(lab)
     alone, distilled = [], []
@@ -413,7 +413,7 @@ def distillation(namespace, lab, sides=None):
             small = (sides or Here(namespace, lab)).distilled(lab, data, teacher, seed)
             distilled.append(compress.accuracy(small, data.val_images, data.val_labels))
     gap = 100 * (sum(distilled) - sum(alone)) / len(alone)
-    accurate = judge("07-distill-accuracy", gap, lab.machine.as_dict(),
+    accurate = judge("07-distill-accuracy", gap, lab,
                      note=f"distilled {', '.join(f'{100 * a:.1f}%' for a in distilled)} against alone "
                           f"{', '.join(f'{100 * a:.1f}%' for a in alone)} (seeds {list(compress.DISTILL_SEEDS)}, "
                           f"{compress.DISTILL_STEPS} steps, alpha {compress.DISTILL_ALPHA}, T {compress.DISTILL_TEMPERATURE})",
