@@ -9,7 +9,7 @@ The student's kernel runs the notebook; the grader decides the grade. For each s
 2. Run the graded notebooks one at a time, **in lab order** (01 ... 07), with nbgrader's autograde,
    each kernel in the submission's sandbox (:mod:`.sandbox`: no network, no view of the course,
    the gradebook or other students, bounded processes, disk, output and wall clock).
-3. After each notebook, re-run its graded checks in a fresh verdict process (:mod:`.verdicts`),
+3. After each notebook, re-run its graded checks in a fresh verdict process (:mod:`.deciding`),
    on the code its checks carried forward and nothing else of the kernel, and record those
    verdicts in the gradebook. The verdict processes measure each rung of the ladder into the
    grader's results store, ``results/<student>/``, which 06's checks read: what 06 grades is what
@@ -51,7 +51,7 @@ import pandas as pd
 
 from nbgrader.preprocessors import Execute
 
-from . import boundary, course, release, reports, sandbox, verdicts
+from . import boundary, course, deciding, release, reports, sandbox
 
 
 # nbgrader's gradebook warns on every submission with SQLAlchemy 2 (nbgrader/api.py); harmless,
@@ -280,7 +280,7 @@ class Batch:
         if gpu:
             raise course.CourseError(gpu)
         return cls(course_root, timeout_s, NOTEBOOK_BUDGET_CELLS * timeout_s, SUBMISSION_BUDGET_CELLS * timeout_s,
-                   box, lib, settings, verdicts.checks_by_cell(course_root),
+                   box, lib, settings, deciding.checks_by_cell(course_root),
                    machine=hardware.describe_machine(hardware.pick_device()), memory=memory)
 
 
@@ -350,7 +350,7 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
 
     For each notebook: nbgrader runs it (in the submission's sandbox where there is one), then
     the verdict process re-runs its checks outside the kernel, and the gradebook records the
-    verdicts. The gradebook is checked afterwards (:func:`verdicts.restore`). The kernels and
+    verdicts. The gradebook is checked afterwards (:func:`deciding.restore`). The kernels and
     verdict processes of one submission share one wall clock (``batch.submission_budget_s``), one
     disk (a tmpfs of STORE_BYTES, or the watchdog) and one memory limit (the grader's cgroup).
     What the grader keeps (the results store, the exported report) is copied out through
@@ -374,7 +374,7 @@ def grade_student(course_root: Path, student: str, *, timeout_s: int,
     try:
         grades, before = _grade_in(course_root, student, batch, dirs, folder, names, deadline, Autograde)
         with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
-            repaired = verdicts.restore(gb, assignment, student, before)
+            repaired = deciding.restore(gb, assignment, student, before)
         feedback(course_root, student)
         try:
             (course_root / "reports").mkdir(exist_ok=True)
@@ -407,13 +407,13 @@ def feedback(course_root: Path, student: str) -> None:
     if not made["success"]:
         print(f"{student}: generate_feedback failed: {_last_error_line(made)}")
     for kept in sorted((Path(course_root) / "verdicts" / student).glob("*.json")):
-        reports.judged_feedback(course_root, student, kept.stem, verdicts.kept(course_root, student, kept.stem))
+        reports.judged_feedback(course_root, student, kept.stem, deciding.kept(course_root, student, kept.stem))
 
 
 def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, folder: Path,
               names: list[str], deadline: float, Autograde) -> tuple[list[NotebookGrade], dict]:
     """Run and judge each notebook of ``student`` in ``dirs``; returns the NotebookGrades and the
-    gradebook's snapshot from before (for :func:`verdicts.restore`)."""
+    gradebook's snapshot from before (for :func:`deciding.restore`)."""
     from nbgrader.api import Gradebook
 
     assignment = course.assignment_id(course_root)
@@ -451,7 +451,7 @@ def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, fold
     written = (dirs.results, dirs.cwd, dirs.report, dirs.inductor, dirs.run)  # where the kernel writes
     grades = []
     with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
-        before = verdicts.snapshot(gb, assignment)
+        before = deciding.snapshot(gb, assignment)
     with course.environment(env):
         for name in names:
             path = folder / f"{name}.ipynb"
@@ -510,19 +510,19 @@ def _grade_in(course_root: Path, student: str, batch: Batch, dirs: Folders, fold
                 found = {"error": "no time was left for the verdict process: the submission used its "
                                   f"{batch.submission_budget_s:.0f} s of grading"}
             else:
-                found = verdicts.run(name[:2], dirs=dirs, since=since, settings=batch.settings,
+                found = deciding.run(name[:2], dirs=dirs, since=since, settings=batch.settings,
                                      box=verdict_box,
                                      pythonpath=batch.lib, timeout_s=min(batch.notebook_budget_s, left),
                                      env={"TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)})
             if "error" in found:
                 errors.append(f"verdicts: {found['error']}")
             cells = batch.cells.get(name, {})
-            decisions, passed = verdicts.score(found, cells, batch.machine)
-            verdicts.keep(course_root, student, name, found, decisions)
+            decisions, passed = deciding.score(found, cells, batch.machine)
+            deciding.keep(course_root, student, name, found, decisions)
             with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
-                disagreed = verdicts.record(gb, assignment, student, name, passed)
+                disagreed = deciding.record(gb, assignment, student, name, passed)
             grades.append(NotebookGrade(student, name, status, 0.0, 0.0, seconds, edited, errors,
-                                        verdict_s=float(verdicts.finite(found.get("seconds")) or 0.0),
+                                        verdict_s=float(deciding.finite(found.get("seconds")) or 0.0),
                                         kernel_disagreed=disagreed,
                                         review=[f"{d.check}: {d.note}" for d in decisions.values()
                                                 if d.result == "review"],
@@ -547,12 +547,12 @@ def scores_by_check(course_root: Path) -> pd.DataFrame:
     from nbgrader.api import Gradebook
 
     rows = []
-    cells = verdicts.checks_by_cell(course_root)
+    cells = deciding.checks_by_cell(course_root)
     with course.venv_on_path(), Gradebook(_db_url(course_root)) as gb:
         assignment = gb.find_assignment(course.assignment_id(course_root))
         for submission in assignment.submissions:
             for nb in submission.notebooks:
-                decided = verdicts.kept(course_root, submission.student.id, nb.name)
+                decided = deciding.kept(course_root, submission.student.id, nb.name)
                 for grade in nb.grades:
                     found = [decided.get(c, {"check": c, "result": "not graded"})
                              for c in cells.get(nb.name, {}).get(grade.name, [])]

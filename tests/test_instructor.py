@@ -24,7 +24,7 @@ import pytest
 
 import attacks
 import scenarios
-from autograder import calibrate, collect, course, grade, parallel, release, reports, sandbox, slurm, verdicts
+from autograder import calibrate, collect, course, deciding, grade, parallel, release, reports, sandbox, slurm
 from labsupport import grading
 from labsupport.hardware import describe_machine
 
@@ -717,7 +717,7 @@ def test_the_gradebook_is_put_back(graded, tmp_path):
     db = tmp_path / "gradebook.db"
     shutil.copyfile(graded["root"] / "gradebook.db", db)
     with course.venv_on_path(), Gradebook(f"sqlite:///{db}") as gb:
-        before = verdicts.snapshot(gb, "lab")
+        before = deciding.snapshot(gb, "lab")
         reference = gb.find_grade("test_throughput", "01_profile", "lab", "reference")
         crash = gb.find_grade("test_trace", "01_profile", "lab", "crash")
         kept = reference.auto_score
@@ -725,7 +725,7 @@ def test_the_gradebook_is_put_back(graded, tmp_path):
         crash.extra_credit = 41.0  # extra credit nobody gave
         crash.auto_score = 99.0  # above the cell's maximum
         gb.db.commit()
-        repaired = verdicts.restore(gb, "lab", "crash", before)
+        repaired = deciding.restore(gb, "lab", "crash", before)
         assert reference.auto_score == kept and crash.extra_credit is None and crash.auto_score == 0.0
     assert len(repaired) == 3, repaired
 

@@ -220,10 +220,10 @@ def _verdict(**checks):
 
 
 def test_a_pass_is_recomputed_from_the_measurement_and_the_bar(judged):
-    from autograder import verdicts
+    from autograder import deciding
 
     said = {"status": "pass", "reason": "pass", "threshold": 0.5, "note": "forged"}
-    found = verdicts.decide(_verdict(**{"02_loader_speedup": {**said, "measured": 0.951},
+    found = deciding.decide(_verdict(**{"02_loader_speedup": {**said, "measured": 0.951},
                                         "02_data_wait_share": {**said, "measured": 0.05}}),
                             ["02-loader-speedup", "02-data-wait-share"], judged)
     speed, wait = found["02-loader-speedup"], found["02-data-wait-share"]
@@ -231,16 +231,16 @@ def test_a_pass_is_recomputed_from_the_measurement_and_the_bar(judged):
     assert (wait.result, wait.reason, wait.bar) == ("pass", "pass", "<= 0.1"), wait
     # what could pass for a number, and is not one, passes nothing
     for fake in ("9", float("nan"), float("inf"), True, None, [9], {"x": 9}):
-        got = verdicts.decide(_verdict(**{"02_loader_speedup": {**said, "measured": fake}}),
+        got = deciding.decide(_verdict(**{"02_loader_speedup": {**said, "measured": fake}}),
                               ["02-loader-speedup"], judged)["02-loader-speedup"]
         assert got.result == "fail" and got.reason == "not measured", (fake, got)
 
 
 def test_only_this_machine_says_what_does_not_apply(judged):
-    from autograder import verdicts
+    from autograder import deciding
 
     na = {"status": "n/a", "reason": "n/a", "measured": None, "note": "not applicable, says the verdict"}
-    found = verdicts.decide(_verdict(**{"02_loader_speedup": na, "03_amp_speedup": na}),
+    found = deciding.decide(_verdict(**{"02_loader_speedup": na, "03_amp_speedup": na}),
                             ["02-loader-speedup", "03-amp-speedup"], judged)
     assert found["02-loader-speedup"].result == "fail" and "has a bar (>= 3)" in found["02-loader-speedup"].note
     expected = "n/a" if judged.device_class == "cpu" else "fail"  # 03's speed has no bar on class cpu only
@@ -248,22 +248,22 @@ def test_only_this_machine_says_what_does_not_apply(judged):
 
 
 def test_a_failure_stands_and_a_missing_check_fails(judged):
-    from autograder import verdicts
+    from autograder import deciding
 
-    found = verdicts.decide({"checks": {"02-loader-speedup": {"status": "fail", "reason": "incorrect",
+    found = deciding.decide({"checks": {"02-loader-speedup": {"status": "fail", "reason": "incorrect",
                                                               "measured": 50.0, "note": "pixels differ"},
                                         "02-data-wait-share": {"status": "maybe", "reason": "pass"}}},
                             ["02-loader-speedup", "02-data-wait-share", "01-trace"], judged)
     assert [(d.result, d.reason) for d in found.values()] == [("fail", "incorrect"), ("fail", "error"),
                                                               ("fail", "not run")]
-    assert verdicts.cell_scores(found, {"a": ["02-loader-speedup"], "b": [], "c": ["01-trace"]}) == \
+    assert deciding.cell_scores(found, {"a": ["02-loader-speedup"], "b": [], "c": ["01-trace"]}) == \
         {"a": False, "b": False, "c": False}
-    broken = verdicts.decide({"error": "the verdict process wrote no verdicts"}, ["01-trace"], judged)
+    broken = deciding.decide({"error": "the verdict process wrote no verdicts"}, ["01-trace"], judged)
     assert broken["01-trace"].reason == "not run" and "wrote no verdicts" in broken["01-trace"].note
 
 
 def test_a_speedup_far_above_the_references_waits_for_a_person(judged, monkeypatch, tmp_path):
-    from autograder import verdicts
+    from autograder import deciding
     from labsupport import hardware
 
     cal = tmp_path / "calibration.toml"
@@ -272,29 +272,29 @@ def test_a_speedup_far_above_the_references_waits_for_a_person(judged, monkeypat
                    '[thresholds]\n"02-loader-speedup" = 3.0\n[measured]\n"02-loader-speedup" = [5.0, 5.5]\n')
     monkeypatch.setenv("LAB_CALIBRATION", str(cal))
     said = {"status": "pass", "reason": "pass", "note": ""}
-    got = {m: verdicts.decide(_verdict(**{"02_loader_speedup": {**said, "measured": m}}),
+    got = {m: deciding.decide(_verdict(**{"02_loader_speedup": {**said, "measured": m}}),
                               ["02-loader-speedup"], judged)["02-loader-speedup"] for m in (12.0, 22.0, 2150.0)}
     assert got[12.0].result == "pass"
     for m in (22.0, 2150.0):
         assert (got[m].result, got[m].reason) == ("review", "far above the reference") and not got[m].passed
         assert "the reference's best (5.5)" in got[m].note, got[m].note
-    assert verdicts.cell_scores({"02-loader-speedup": got[22.0]}, {"t": ["02-loader-speedup"]}) == {"t": False}
+    assert deciding.cell_scores({"02-loader-speedup": got[22.0]}, {"t": ["02-loader-speedup"]}) == {"t": False}
 
 
 def test_the_verdict_kept_is_bounded_plain_data(judged, tmp_path):
     import json
 
-    from autograder import verdicts
+    from autograder import deciding
 
     hostile = {"checks": {"02-loader-speedup": {"status": "pass", "measured": 4.0, "note": "x" * 10**6,
                                                 "reason": {"nested": [1, 2]}}, **{f"extra-{i}": {} for i in range(1000)}},
                "problems": ["p" * 10**5] * 10**3, "rung": "fast", "seconds": float("nan")}
-    decided = verdicts.decide(hostile, ["02-loader-speedup"], judged)
-    path = verdicts.keep(tmp_path, "dana", "02_data_loading", hostile, decided)
+    decided = deciding.decide(hostile, ["02-loader-speedup"], judged)
+    path = deciding.keep(tmp_path, "dana", "02_data_loading", hostile, decided)
     kept = json.loads(path.read_text())
     assert path.stat().st_size < 20_000 and kept["verdict_process"]["rung"] is None
     assert list(kept["verdict_process"]["checks"]) == ["02-loader-speedup"]
-    assert verdicts.kept(tmp_path, "dana", "02_data_loading")["02-loader-speedup"]["result"] == "pass"
+    assert deciding.kept(tmp_path, "dana", "02_data_loading")["02-loader-speedup"]["result"] == "pass"
 
 
 def test_nbgrader_autograde_alone_refuses_to_grade(course_root):

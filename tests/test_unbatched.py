@@ -14,7 +14,7 @@ graded here instead:
 - this notebook's graded solution cells run in a namespace, and are carried too; the checks run on
   the carried code in one process (the same checks the grader's judge runs against its workers,
   tests/test_judge.py);
-- the test cells are scored as the grader scores them (verdicts.score: its decision on each check a
+- the test cells are scored as the grader scores them (deciding.score: its decision on each check a
   cell requires, from the measurement and this machine's bar), and the cells that
   score 0 must be exactly LOSES[scenario][notebook], the batch's own table.
 """
@@ -23,7 +23,7 @@ import pytest
 import scenarios
 from test_instructor import LOSES, NOT_HANDED_IN, POINTS
 
-from autograder import course, reference, verdicts
+from autograder import course, deciding, reference
 from labsupport import carry, grading
 
 # The scenario notebooks graded here: (scenario, notebook). Each is in NOT_HANDED_IN.
@@ -57,7 +57,7 @@ def test_scenario_notebook_loses_exactly_its_points(built, scenario, notebook, t
     found = grading.run(number, dict(vars(carry.load(number, lab=lab))), lab=lab, keep=False)
     said = {"checks": {c: {"status": r.status, "reason": r.reason, "measured": r.measured, "note": r.note}
                        for c, r in found.items()}}
-    _, passed = verdicts.score(said, verdicts.checks_by_cell(course.COURSE_ROOT)[notebook], lab.machine)
+    _, passed = deciding.score(said, deciding.checks_by_cell(course.COURSE_ROOT)[notebook], lab.machine)
     assert set(passed) == set(POINTS[notebook])
     lost = {cell for cell, ok in passed.items() if not ok}
     notes = {c: f"{r.status}: {r.note}" for c, r in found.items()}

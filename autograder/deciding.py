@@ -1,4 +1,6 @@
-"""The grader's verdicts: each notebook's checks re-run outside the student's kernel, and recorded.
+"""Root's side of the verdicts (``deciding``; the sandboxed process it starts is
+:mod:`labsupport.grading.verdict` or :mod:`labsupport.grading.judging`): each notebook's checks
+re-run outside the student's kernel, each check decided here, and recorded.
 
 After nbgrader has run a notebook, :func:`run` starts the verdict process
 (:mod:`labsupport.grading.verdict`) on the code that notebook's checks carried forward, in the
