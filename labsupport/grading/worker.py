@@ -39,8 +39,8 @@ from pathlib import Path
 PRECISIONS = ("float16", "bfloat16")  # what a request may name for 05's inference (None: float32)
 
 
-# What one profile of 01's labelled_step may send back (the reference's: about 3,000 events of 113 names a step).
-MAX_EVENT_NAMES, MAX_EVENTS = 2000, 100_000  # 3.2 MB: the buffer holds it (judging.buffer_bytes)
+# What one profile of 01's labelled_step may send back (names cut to 120 characters; the reference's: 18).
+MAX_EVENT_NAMES, MAX_EVENTS = 400, 100_000  # 48 KB of names (the wire takes 64), 3.2 MB of rows
 
 
 class Served:
@@ -220,10 +220,10 @@ class Served:
         from labsupport.grading import wire
 
         profiled = self._here_01().labelled_profile()
-        names = sorted({name[:200] for name, _, _, _ in profiled["events"]})[:MAX_EVENT_NAMES]
+        names = sorted({name[:120] for name, _, _, _ in profiled["events"]})[:MAX_EVENT_NAMES]
         index = {name: i for i, name in enumerate(names)}
-        rows = [(index[name[:200]], float(label), start, end) for name, label, start, end in profiled["events"]
-                if name[:200] in index][:MAX_EVENTS]
+        rows = [(index[name[:120]], float(label), start, end) for name, label, start, end in profiled["events"]
+                if name[:120] in index][:MAX_EVENTS]
         table = torch.tensor(rows, dtype=torch.float64).reshape(-1, 4)
         return {"names": names, "tensors": wire.put(self.view, [table]), "drawn": profiled["drawn"],
                 "moved": bool(profiled["moved"])}
