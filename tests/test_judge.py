@@ -683,12 +683,43 @@ def test_01_reference_is_judged_correct_in_its_worker(tmp_path, tiny_data, refer
     assert verdict["rung"] > 0 and (tmp_path / "judged" / "01-baseline.json").is_file(), verdict
 
 
-def test_01_a_halved_timer_with_a_workload_slowed_to_agree_fails_its_check(tmp_path, tiny_data, reference_code):
+# A labelled_step whose labels hold token work, the real step run after them.
+LABELS_AROUND_TOKEN_WORK = """
+
+def labelled_step(batches, step):
+    batch = next(batches)
+    images, labels = step.to_device(*batch)
+    w = torch.zeros(1, 3, 3, 3, requires_grad=True)
+    spare = torch.optim.SGD([w], lr=0.1)
+    with record_function("data wait"):
+        pass
+    with record_function("host to device"):
+        pass
+    with record_function("forward"):
+        token = torch.nn.functional.conv2d(images[:1], w).sum()
+    with record_function("backward"):
+        token.backward()
+    with record_function("optimizer"):
+        spare.step()
+    loss = torch.nn.functional.cross_entropy(step.model(images), labels)
+    loss.backward()
+    step.optimizer.step()
+    step.optimizer.zero_grad()
+    return loss.item()
+"""
+
+
+def test_01_a_halved_timer_and_labels_around_token_work_lose_exactly_their_checks(tmp_path, tiny_data,
+                                                                                   reference_code):
     """A timer that reports half the time, with carried code that makes labsupport's known workload
     sleep half as long in the student's worker, so that its own record of its calls agrees: the
     worker's guard names the replaced sleep, and every check fails. With the guard's originals in
     place (the bending done after the checks' guard could look, as in the verdict process), a
-    20 ms sleep cannot take 10 ms: the timer's check fails saying so, and the rest keep their points."""
+    20 ms sleep cannot take 10 ms: the timer's check fails saying so. The same submission's
+    labelled_step labels token work (a convolution, its backward, a spare optimizer's step) and
+    runs the real step after the labels: profiled in the worker, its forward and backward labels
+    hold 1 of the network's 20 convolutions, and it loses the phases check alone (it trains, so
+    01-trace holds). The rest keep their points."""
     code = reference_code["01"] + """
 
 from labsupport.grading import g01_profile as _g01
@@ -717,43 +748,11 @@ def measure_throughput(step, device, *, warmup, steps, samples_per_step):
     finally:
         _g01._sleep = _honest_sleep
 """
+    code += LABELS_AROUND_TOKEN_WORK
     verdict = judge(tmp_path, tiny_data, code, notebook="01")
     timer = verdict["checks"]["01-throughput-error"]
     assert timer["status"] == "fail" and "not what its sleeps can take" in timer["note"], timer
     assert statuses(verdict) == {"01-throughput-error": "fail", "01-throughput-sync": "n/a", "01-diagnose": "pass",
-                                 "01-trace": "pass", "01-phases-labelled": "pass", "01-top-operators": "pass"}, \
-        verdict["checks"]
-
-
-def test_01_a_labelled_step_whose_labels_hold_token_work_loses_the_phases_alone(tmp_path, tiny_data, reference_code):
-    """Labels around a token convolution, its backward and a spare optimizer's step, the real step
-    run after them, in the worker: the profile the judge reads shows the forward and backward
-    labels holding 1 of the network's 20 convolutions; the step trains, so 01-trace holds."""
-    code = reference_code["01"] + """
-
-def labelled_step(batches, step):
-    batch = next(batches)
-    images, labels = step.to_device(*batch)
-    w = torch.zeros(1, 3, 3, 3, requires_grad=True)
-    spare = torch.optim.SGD([w], lr=0.1)
-    with record_function("data wait"):
-        pass
-    with record_function("host to device"):
-        pass
-    with record_function("forward"):
-        token = torch.nn.functional.conv2d(images[:1], w).sum()
-    with record_function("backward"):
-        token.backward()
-    with record_function("optimizer"):
-        spare.step()
-    loss = torch.nn.functional.cross_entropy(step.model(images), labels)
-    loss.backward()
-    step.optimizer.step()
-    step.optimizer.zero_grad()
-    return loss.item()
-"""
-    verdict = judge(tmp_path, tiny_data, code, notebook="01")
-    assert statuses(verdict) == {"01-throughput-error": "pass", "01-throughput-sync": "n/a", "01-diagnose": "pass",
                                  "01-trace": "pass", "01-phases-labelled": "fail", "01-top-operators": "pass"}, \
         verdict["checks"]
     phases = verdict["checks"]["01-phases-labelled"]
