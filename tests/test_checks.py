@@ -115,31 +115,16 @@ def test_01_top_operators_by_total_time_in_the_wrong_unit_or_typed_fails(wrong):
     assert result.status == "fail" and result.measured < 1, result.note
 
 
-LABELLED_STEP = """
-import torch
-import torch.nn.functional as F
-from torch.profiler import record_function
-
-
-def labelled_step(batches, step):
-    with record_function("data wait"):
-        batch = next(batches)
-    with record_function("host to device"):
-        images, labels = step.to_device(*batch)
-    with record_function("forward"):
-        loss = F.cross_entropy(step.model(images), labels)
-    with record_function("backward"):
-        loss.backward()
-    with record_function("optimizer"):
-        step.optimizer.step()
-        step.optimizer.zero_grad()
-    return loss.item()
-"""
-
-
 def _labelled(*edits: tuple[str, str]) -> dict:
-    """A namespace holding the reference's labelled_step, each ``(old, new)`` edit made to its source."""
-    source = LABELLED_STEP
+    """A namespace holding the reference's labelled_step (its master cell, markers removed), each
+    ``(old, new)`` edit made to its source."""
+    import nbformat
+
+    from autograder import course
+
+    master = next(p for p in course.masters() if p.name.startswith("01_"))
+    cell = next(c for c in nbformat.read(master, as_version=4).cells if c.get("id") == "labelled_step")
+    source = reference.SOLUTION_MARKERS.sub("", cell.source)
     for old, new in edits:
         assert old in source, old
         source = source.replace(old, new)
