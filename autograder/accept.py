@@ -18,7 +18,7 @@ Its parts, each written as it finishes to ``build/accept-<device class>/`` and s
 
 The machine is ready when every check ran, the reference passes every one on the calibrated bars,
 gets full marks when graded, and no cell of it takes more than half its limit. Not built: grading
-the test scenarios (tests/scenarios.py) here, since their expected scores are written for the tiny
+the test scenarios (tests/scenarios/) here, since their expected scores are written for the tiny
 profile, where no speed is graded.
 """
 

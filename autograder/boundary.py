@@ -15,7 +15,7 @@ module:
   whose wall clock is bounded.
 
 Inputs go the other way: root writes them into a fresh folder it owns, which the sandbox sees
-read-only (grade.py), so nothing the sandbox could have replaced is ever written through.
+read-only (submission.py), so nothing the sandbox could have replaced is ever written through.
 """
 
 from __future__ import annotations

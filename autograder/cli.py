@@ -83,13 +83,13 @@ def cmd_grade(args) -> int:
     if args.backend == "slurm":
         return _grade_on_slurm(args)
     if args.jobs > 1:
-        from . import parallel, slurm
+        from . import parallel, tasks
 
         if args.no_sandbox:
             raise CourseError("--no-sandbox is for debugging the grader on one submission, not with --jobs.")
         outcome = parallel.grade(args.course, args.student or None, args.jobs, timeout_s=args.timeout)
         again = f"python -m autograder grade --jobs {args.jobs} " + " ".join([*outcome["failed"], *outcome["missing"]])
-        slurm.print_merge(outcome, args.course, parallel.job_dir(args.course), again=again)
+        tasks.print_merge(outcome, args.course, parallel.job_dir(args.course), again=again)
         return 0
     grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout,
                          sandboxed=not args.no_sandbox)
@@ -98,16 +98,16 @@ def cmd_grade(args) -> int:
 
 
 def _grade_on_slurm(args) -> int:
-    from . import grade, slurm
+    from . import grade, slurm, tasks
 
     job = args.job or slurm.job_dir(args.course)
     if args.rerun:
-        tasks = slurm.unfinished(job)
-        if not tasks:
+        again = tasks.unfinished(job)
+        if not again:
             print(f"every task of {shown(job)} has a result: nothing to grade again.")
             return 0
-        names = slurm.students_of(job)
-        print(f"{len(tasks)} task(s) to grade again: {', '.join(names[i] for i in tasks)}")
+        names = tasks.students_of(job)
+        print(f"{len(again)} task(s) to grade again: {', '.join(names[i] for i in again)}")
     else:
         if args.no_sandbox:
             raise CourseError("--no-sandbox is for debugging the grader locally, not for a class on a cluster.")
@@ -117,38 +117,39 @@ def _grade_on_slurm(args) -> int:
                                 calibrate_runs=None if args.no_calibrate else args.calibrate_runs,
                                 timeout_s=args.timeout)
         job = slurm.write(args.course, students, options, job)
-        tasks = None
+        again = None
         scripts = sorted(p.name for p in job.iterdir() if p.suffix in (".sh", ".sbatch"))
         print(f"wrote {shown(job)}: {', '.join(scripts)} ({len(students)} tasks)")
     if args.submit:
-        print(slurm.submit(job, tasks))
+        print(slurm.submit(job, again))
         print(f"when the merge job ends: {shown(args.course)}/grades.csv; logs in {shown(job)}/logs/")
     else:
-        rerun = f" {','.join(map(str, tasks))}" if tasks else ""
+        rerun = f" {','.join(map(str, again))}" if again else ""
         print(f"submit with: bash {shown(job)}/submit.sh{rerun}   (or add --submit)")
     return 0
 
 
 def cmd_grade_task(args) -> int:
-    """``grade-task``: one Slurm array task (grade.sbatch runs it): one student, privately."""
+    """``grade-task``: one grading task (Slurm's grade.sbatch and ``grade --jobs`` run it): one
+    student, privately."""
     import os
 
-    from . import slurm
+    from . import tasks
 
     if args.cores:  # before torch is imported: it sizes its thread pool to the cores it may use
         os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
-    record = slurm.run_task(args.course, args.job, args.student, timeout_s=args.timeout)
+    record = tasks.run_task(args.course, args.job, args.student, timeout_s=args.timeout)
     print(f"{args.student}: {record['status']}" + (f" ({record['error']})" if record.get("error") else ""))
     return 0 if record["status"] == "graded" else 1
 
 
 def cmd_merge(args) -> int:
     """``merge``: every task's grades into the gradebook; feedback, CSVs and the class report."""
-    from . import slurm
+    from . import slurm, tasks
 
     job = args.job or slurm.job_dir(args.course)
-    outcome = slurm.merge(args.course, job)
-    slurm.print_merge(outcome, args.course, job)
+    outcome = tasks.merge(args.course, job)
+    tasks.print_merge(outcome, args.course, job)
     return 0
 
 
@@ -253,7 +254,7 @@ def parser() -> argparse.ArgumentParser:
                     "measured on this machine.")
     gra.add_argument("student", nargs="*", help="students to grade (default: all in submitted/)")
     gra.add_argument("--timeout", type=int, default=None,
-                     help="seconds a cell may run (default: per device class, see grade.py)")
+                     help="seconds a cell may run (default: per device class, labsupport/hardware.py's CLASSES)")
     gra.add_argument("--no-sandbox", action="store_true",
                      help="run students' notebooks without the sandbox (autograder/sandbox.py): for "
                           "debugging the grader only, since their code then runs with your rights")

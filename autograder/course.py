@@ -1,17 +1,23 @@
 """The course's core: its paths and nbgrader configuration, read by every instructor command.
 
-The commands live one per module (``release``, ``run``, ``collect``, ``grade``, ``calibrate``,
-``reports``) and the command line in ``cli``; each takes the course root (the folder holding
-``nbgrader_config.py`` and ``source/``) as an argument, so tests can run them on a temporary copy
-of the course and never touch the real release or gradebook. This module imports none of them.
+A course is a folder holding ``nbgrader_config.py`` and ``source/``; grading adds the gradebook,
+``submitted/``, ``autograded/``, ``verdicts/``, ``results/``, ``feedback/`` and the CSVs. It is
+:class:`Course`, built once per folder by :func:`of` (its configuration read once, and again only
+when the file changes). The commands live one per module (``release``, ``run``, ``collect``,
+``grade``, ``calibrate``, ``reports``) and the command line in ``cli``; each takes the course (a
+``Course``, or its folder) as an argument, so tests can run them on a temporary copy of the
+course and never touch the real release or gradebook. This module imports none of them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import sys
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import nbformat
@@ -44,45 +50,136 @@ def check_student_id(student: str) -> str:
     return student
 
 
+# --- the course, its configuration and notebooks ----------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Course:
+    """One course folder, and where everything in it lies. Build it with :func:`of`."""
+
+    root: Path  # resolved
+
+    @cached_property
+    def config(self):
+        """The traitlets Config of ``nbgrader_config.py``, rooted at this folder. Shared: an
+        nbgrader app takes :meth:`app_config`, a copy of it."""
+        from traitlets.config.loader import PyFileConfigLoader
+
+        path = self.root / CONFIG_NAME
+        if not path.exists():
+            raise CourseError(f"{path} does not exist: the course root must hold nbgrader's config.")
+        cfg = PyFileConfigLoader(CONFIG_NAME, path=str(self.root)).load_config()
+        # The config computes its root from __file__; pin it anyway, so that a command pointed at
+        # a temporary copy of the course can never write into the real one.
+        cfg.CourseDirectory.root = str(self.root)
+        return cfg
+
+    def app_config(self):
+        """A copy of :attr:`config`, for one nbgrader app to change as it likes."""
+        return copy.deepcopy(self.config)
+
+    @cached_property
+    def assignment(self) -> str:
+        """The course's one assignment id (``ASSIGNMENT`` in nbgrader_config.py)."""
+        value = self.config.CourseDirectory.get("assignment_id", "")
+        if not value:
+            raise CourseError(f"{self.root / CONFIG_NAME} sets no CourseDirectory.assignment_id.")
+        return value
+
+    @property
+    def source(self) -> Path:
+        """The folder of the masters and their files: ``source/``."""
+        return self.root / self.config.CourseDirectory.get("source_directory", "source")
+
+    @property
+    def masters_dir(self) -> Path:
+        """The folder of the master notebooks: ``source/<assignment>/``."""
+        return self.source / self.assignment
+
+    @property
+    def gradebook_path(self) -> Path:
+        return self.root / "gradebook.db"
+
+    @property
+    def gradebook_url(self) -> str:
+        return f"sqlite:///{self.gradebook_path}"
+
+    @contextlib.contextmanager
+    def gradebook(self):
+        """nbgrader's Gradebook of this course, open for a ``with`` block."""
+        from nbgrader.api import Gradebook
+
+        with venv_on_path(), Gradebook(self.gradebook_url) as gb:
+            yield gb
+
+    def submitted(self, student: str) -> Path:
+        """``student``'s notebooks as collected: ``submitted/<student>/<assignment>/``."""
+        return self.root / "submitted" / check_student_id(student) / self.assignment
+
+    def autograded(self, student: str) -> Path:
+        """``student``'s notebooks as nbgrader ran them: ``autograded/<student>/<assignment>/``."""
+        return self.root / "autograded" / check_student_id(student) / self.assignment
+
+    def feedback(self, student: str) -> Path:
+        return self.root / "feedback" / check_student_id(student) / self.assignment
+
+    def verdicts(self, student: str) -> Path:
+        """The judge's decisions on ``student``'s notebooks, one JSON file each."""
+        return self.root / "verdicts" / check_student_id(student)
+
+    def results(self, student: str) -> Path:
+        """The grader's measurements of ``student``'s code (06's ladder reads them)."""
+        return self.root / "results" / check_student_id(student)
+
+    @property
+    def calibration(self) -> Path:
+        """The course's calibration file: ``LAB_CALIBRATION``, else ``calibration.toml`` here.
+        calibrate writes it and grade hands it to the notebooks it runs."""
+        return Path(os.environ.get("LAB_CALIBRATION") or self.root / "calibration.toml")
+
+
+_COURSES: dict[tuple, Course] = {}
+
+
+def of(where: "Course | Path | str" = None) -> Course:
+    """The :class:`Course` of a folder (default: this repository's course, ``autograder/``),
+    the same object for every call until its ``nbgrader_config.py`` changes. A Course is returned
+    as it is."""
+    if isinstance(where, Course):
+        return where
+    root = Path(COURSE_ROOT if where is None else where).resolve()
+    try:
+        info = (root / CONFIG_NAME).stat()
+        key = (root, info.st_mtime_ns, info.st_size)
+    except OSError:
+        key = (root, None, None)  # Course.config says what is missing, when it is read
+    if key not in _COURSES:
+        _COURSES[key] = Course(root)
+    return _COURSES[key]
+
+
 def calibration_file(course_root: Path) -> Path:
-    """The course's calibration file: ``LAB_CALIBRATION``, else ``calibration.toml`` in the course
-    root. calibrate writes it and grade hands it to the notebooks it runs (Used by: both)."""
-    return Path(os.environ.get("LAB_CALIBRATION") or Path(course_root) / "calibration.toml")
+    """The course's calibration file (:attr:`Course.calibration`)."""
+    return of(course_root).calibration
 
-
-# --- configuration and notebooks --------------------------------------------------------------
 
 def load_config(course_root: Path = COURSE_ROOT):
-    """The traitlets Config of ``course_root/nbgrader_config.py``, rooted at ``course_root``."""
-    from traitlets.config.loader import PyFileConfigLoader
-
-    path = Path(course_root) / CONFIG_NAME
-    if not path.exists():
-        raise CourseError(f"{path} does not exist: the course root must hold nbgrader's config.")
-    cfg = PyFileConfigLoader(CONFIG_NAME, path=str(path.parent)).load_config()
-    # The config computes its root from __file__; pin it anyway, so that a command pointed at a
-    # temporary copy of the course can never write into the real one.
-    cfg.CourseDirectory.root = str(Path(course_root).resolve())
-    return cfg
+    """A copy of the course's nbgrader Config (:meth:`Course.app_config`)."""
+    return of(course_root).app_config()
 
 
 def assignment_id(course_root: Path = COURSE_ROOT) -> str:
-    """The course's one assignment id (``ASSIGNMENT`` in nbgrader_config.py)."""
-    value = load_config(course_root).CourseDirectory.get("assignment_id", "")
-    if not value:
-        raise CourseError(f"{Path(course_root) / CONFIG_NAME} sets no CourseDirectory.assignment_id.")
-    return value
+    """The course's one assignment id (:attr:`Course.assignment`)."""
+    return of(course_root).assignment
 
 
 def source_dir(course_root: Path = COURSE_ROOT) -> Path:
-    """The folder of the masters and their files: ``source/`` in the course root."""
-    cfg = load_config(course_root)
-    return Path(course_root) / cfg.CourseDirectory.get("source_directory", "source")
+    """The folder of the masters and their files (:attr:`Course.source`)."""
+    return of(course_root).source
 
 
 def masters_dir(course_root: Path = COURSE_ROOT) -> Path:
-    """The folder of the master notebooks: ``source/<assignment>/``."""
-    return source_dir(course_root) / assignment_id(course_root)
+    """The folder of the master notebooks (:attr:`Course.masters_dir`)."""
+    return of(course_root).masters_dir
 
 
 def masters(course_root: Path = COURSE_ROOT) -> list[Path]:
@@ -94,6 +191,19 @@ def graded_masters(course_root: Path = COURSE_ROOT) -> list[Path]:
     """The masters that are graded: those with an autograded test cell. An optional notebook
     (08_distributed) has none; it is released to students, but neither collected nor graded."""
     return [p for p in masters(course_root) if graded_test_cells(nbformat.read(p, as_version=4))]
+
+
+def lab_order(names) -> list[str]:
+    """Notebook names in the lab's order: by their number prefix (01_profile before 02_...).
+
+    Raises CourseError for a name without the two-digit prefix, since its place would be a guess.
+    """
+    names = list(names)
+    unnumbered = [n for n in names if not (len(n) > 2 and n[:2].isdigit() and n[2] == "_")]
+    if unnumbered:
+        raise CourseError(f"notebooks {unnumbered} have no 'NN_' number prefix: the lab runs "
+                          "its notebooks in numbered order, so name every master 'NN_<topic>'.")
+    return sorted(names, key=lambda n: (int(n[:2]), n))
 
 
 def setup_cell_source(template: Path = SETUP_TEMPLATE) -> str:
@@ -197,7 +307,7 @@ def ipc_kernel_manager(kernel_name: str = "python3"):
 
     A kernel on TCP without CurveZMQ keys logs "Kernel is running over TCP without encryption"
     (ipykernel's kernelapp.py) at every start, a warning a newcomer reads as a fault; over Unix
-    sockets only this user can connect, and nothing is printed. Used by: run (``make run``).
+    sockets only this user can connect, and nothing is printed.
     """
     import tempfile
 

@@ -58,7 +58,7 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
         pythonpath: Path | None, timeout_s: float, env: dict[str, str] | None = None) -> dict:
     """Run notebook ``number``'s verdict process; returns its verdicts (``{"error": ...}`` if none).
 
-    ``dirs`` are the submission's folders (grade.Folders). What the process takes from the kernel,
+    ``dirs`` are the submission's folders (submission.Folders). What the process takes from the kernel,
     the code its checks carried forward (``code/<NN>.py``), is read from the
     kernel's results store through :mod:`.boundary` into ``inputs/<NN>/``, a fresh folder root owns
     and the sandbox sees read-only, beside the spec; the process copies them into the grader's

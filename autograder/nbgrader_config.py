@@ -36,7 +36,7 @@ class GradeWithTheGrader(NbGraderPreprocessor):
     test cell, outside any sandbox. ``python -m autograder grade`` puts its sandboxed Execute here
     and decides each cell with the grader's verdicts."""
 
-    replaced_by_the_grader = True  # grade.py swaps it for its own Execute
+    replaced_by_the_grader = True  # submission.py swaps it for its own Execute
 
     def preprocess(self, nb, resources):
         raise RuntimeError(

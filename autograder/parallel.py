@@ -2,10 +2,10 @@
 
 A grading machine with many cores (or several GPUs) and no Slurm grades one submission at a time
 by default. With ``--jobs N`` it grades N at once, each exactly as a Slurm array task does
-(:func:`slurm.run_task`): in a private copy of the course, with its own sandbox user, gradebook
+(:func:`tasks.run_task`): in a private copy of the course, with its own sandbox user, gradebook
 and compile caches. Each runs in its own process pinned to its own share of the cores (and its
 own GPU, where there are GPUs), so no two submissions are timed on the same core or GPU. The
-tasks are then merged into the course as Slurm's are (:func:`slurm.merge`).
+tasks are then merged into the course as Slurm's are (:func:`tasks.merge`).
 
 Speed bars come from ``calibration.toml``, which applies only on as many cores as it was measured
 on. With ``--jobs`` each submission runs on fewer, so calibrate on one share:
@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import course, slurm
+from . import course, tasks
 
 JOB_DIR = "parallel"  # in the course root: students.txt, tasks/<student>/, logs/<student>.log
 
@@ -74,7 +74,7 @@ def start(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s
     """Start grading ``students`` (default: all collected) ``jobs`` at a time, in the background.
 
     Returns a Future of the job folder, done when every task has ended; :func:`grade` then merges
-    it (:func:`slurm.merge`). The tasks start from this process's environment as it is now, so a
+    it (:func:`tasks.merge`). The tasks start from this process's environment as it is now, so a
     serial batch graded here meanwhile (which sets its own variables while it runs) reaches none
     of them. Merge only once nothing else is grading into the course.
     """
@@ -94,7 +94,7 @@ def start(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s
     job = job_dir(course_root)
     shutil.rmtree(job, ignore_errors=True)
     (job / "logs").mkdir(parents=True)
-    slurm.write_students(job, students)
+    tasks.write_students(job, students)
     environ = dict(os.environ)
     print(f"grading {len(students)} submission(s), {jobs} at a time, {len(shares[0].cores)} core(s) each"
           + (", a GPU each" if shares[0].gpu else "") + f"; logs in {course.shown(job)}/logs/")
@@ -130,8 +130,8 @@ def grade(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s
           progress: bool = True) -> dict:
     """Grade ``students`` (default: all collected) ``jobs`` at a time, then merge them into the course.
 
-    Returns :func:`slurm.merge`'s outcome; its ``grades`` are one NotebookGrade per notebook, as
+    Returns :func:`tasks.merge`'s outcome; its ``grades`` are one NotebookGrade per notebook, as
     :func:`grade.grade` returns, and a task that failed is a "failed to grade" row.
     """
     job = start(course_root, students, jobs, timeout_s=timeout_s, progress=progress).result()
-    return slurm.merge(Path(course_root).resolve(), job)
+    return tasks.merge(course_root, job)

@@ -20,7 +20,7 @@ def bar_missed(check: str, reason: str) -> bool:
     """Whether a failed check is a bar this machine decides: a speed or memory ratio that
     ``calibrate`` adjusts, measured on the wrong side of its bar (reason "below bar"). A failed
     correctness partner, an optimisation not in the code, nothing measured or an error is broken
-    code, never a miss. Used by: run."""
+    code, never a miss."""
     from labsupport import grading
 
     spec = grading.check_specs().get(check)
@@ -65,7 +65,6 @@ def run_reference(course_root: Path, build: Path, *, timeout_s: int = 900) -> tu
     information, not a failure: it is returned (check, notebook, message) for the caller to print.
     Anything else that raised (an exception, a failed correctness partner, a missing stage)
     raises CourseError after all the notebooks ran. Returns the report's path and the misses.
-    Used by: ``make run``.
     """
     import time
 

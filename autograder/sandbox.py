@@ -20,7 +20,7 @@ the unprivileged user ``nobody`` inside:
   filesystem counts every byte, files unlinked while open included. Where either cannot be
   had, grade says so once: the address-space limit, and the watchdog's count of files plus the
   unlinked ones its processes hold (:func:`disk_used`), remain.
-- **One user per grader.** Where graders share a node (a Slurm task per GPU, slurm.py), each one
+- **One user per grader.** Where graders share a node (a Slurm task per GPU, slurm.py and tasks.py), each one
   claims its own sandbox user (:func:`user`): ``nobody`` for the first, then the unassigned ids
   from 65000 up. So one submission's fork storm spends its own process count, not its
   neighbour's, and a grader kills only the processes it started itself (:func:`kill_all`).

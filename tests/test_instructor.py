@@ -1,5 +1,5 @@
 """The instructor pipeline proven end to end, in the manner of nbgrader's own tests: scenario
-submissions (tests/scenarios.py) are collected from an inbox, graded in a temporary course and
+submissions (tests/scenarios/, built by tests/scenarios.py) are collected from an inbox, graded in a temporary course and
 checked for their exact scores per notebook, feedback files, summary and reports.
 
 The scenarios run on the tiny profile and dataset to keep CI fast. The tiny profile grades no
@@ -22,9 +22,9 @@ import nbformat
 import pandas as pd
 import pytest
 
-import attacks
 import scenarios
-from autograder import calibrate, collect, course, deciding, grade, parallel, release, reports, sandbox, slurm
+from autograder import (calibrate, collect, course, deciding, grade, gradebook, parallel, release, reports, sandbox,
+                        tasks)
 from labsupport import grading
 from labsupport.hardware import describe_machine
 
@@ -73,7 +73,7 @@ LOSES = {
     # (test_the_ladder_is_the_students_own shows the slower loader in its ladder instead).
     # 01, 04, 05 and 07 not submitted: 06 finds their stages missing (the end-to-end check needs them all).
     "slow-loader": {"06_report": {"test_stages", "test_end_to_end"}},
-    # Attacks on the grader (tests/attacks.py). What they did in the kernel reaches nothing else:
+    # Attacks on the grader (the scenarios marked attack = true in tests/scenarios/). What they did in the kernel reaches nothing else:
     # the hostile one's 01 is the reference's work and keeps its points; the others lose exactly
     # the points their own work would.
     "hostile": {},
@@ -90,7 +90,7 @@ LOSES = {
     # stopped at the notebook's wall-clock budget, before its checks ran; its 02 (the blank
     # release) then finds the submission's budget spent.
     "sleeper": {"01_profile": set(POINTS["01_profile"]), "02_data_loading": set(POINTS["02_data_loading"])},
-    # the blank release's 02: its attacks on the grader (tests/attacks.py) earn nothing and cost
+    # the blank release's 02: its attacks on the grader (the scenarios marked attack = true in tests/scenarios/) earn nothing and cost
     # nobody else anything (the students graded after it keep their exact scores).
     "lib": {"02_data_loading": set(POINTS["02_data_loading"])},
     # Correctness partners that cover what is measured (issue 17): each shortcut fails the check
@@ -189,7 +189,7 @@ def _longest_first(scenario: str) -> int:
 
 
 GRADED = tuple(s for s in scenarios.SCENARIOS
-               if s not in OUT_OF_BATCH and not (NO_SANDBOX and s in attacks.ATTACKS))
+               if s not in OUT_OF_BATCH and not (NO_SANDBOX and s in scenarios.ATTACKS))
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
@@ -279,9 +279,9 @@ def graded(tmp_path_factory, tiny_data):
         if "sleeper" in GRADED:
             grades += grade.grade(root, ["sleeper"], timeout_s=SLEEPER_CELL_S, budget_s=SLEEPER_BUDGET_S,
                                   submission_budget_s=SLEEPER_SUBMISSION_S, progress=False)
-        grades += slurm.merge(root, running.result())["grades"]
+        grades += tasks.merge(root, running.result())["grades"]
         after = checkout_hash(*checkout)
-        grade.export(root, grades)
+        gradebook.export(root, grades)
     return {"root": root, "collected": {c.student: c for c in collected}, "grades": grades,
             "changed": sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))}
 
@@ -459,7 +459,7 @@ def test_every_notebook_of_every_submission_has_feedback(graded):
 
 def test_the_parallel_batch_graded_two_at_once_each_on_a_core_of_its_own(graded):
     job = parallel.job_dir(graded["root"])
-    records = [slurm.read_task(job, s) for s in slurm.students_of(job)]
+    records = [tasks.read_task(job, s) for s in tasks.students_of(job)]
     assert records and all(r is not None and r["status"] == "graded" for r in records), records
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("this machine lets the tests use one core, so the batch graded one at a time")
@@ -505,10 +505,10 @@ def test_grades_csv_and_reports(graded):
 
 
 def test_lab_order_is_numeric_and_explicit():
-    assert grade.lab_order(["10_x", "02_b", "01_a"]) == ["01_a", "02_b", "10_x"]
+    assert course.lab_order(["10_x", "02_b", "01_a"]) == ["01_a", "02_b", "10_x"]
     with pytest.raises(course.CourseError, match="number prefix"):
-        grade.lab_order(["01_a", "intro"])
-    assert grade.lab_order(p.stem for p in course.masters()) == [p.stem for p in course.masters()]
+        course.lab_order(["01_a", "intro"])
+    assert course.lab_order(p.stem for p in course.masters()) == [p.stem for p in course.masters()]
 
 
 def test_cell_timeout_is_sized_per_device_class():
@@ -756,7 +756,7 @@ def _wait_for_jobs(env: dict, cluster, deadline_s: float = SLURM_WAIT_S) -> None
 def _checks(root: Path, students) -> list[dict]:
     """Every graded cell of ``students`` in ``root``'s gradebook: score, max score, needs manual
     grading, and the grader's result on its check."""
-    frame = grade.scores_by_check(root)
+    frame = gradebook.scores_by_check(root)
     frame = frame[frame.student.isin(students)]
     # the grader's decision, not its figures (measured and note differ from run to run)
     frame = frame[["student", "notebook", "cell", "score", "max_score", "needs_manual_grade", "check", "result"]]
@@ -790,7 +790,7 @@ def test_a_class_graded_on_slurm_scores_exactly_as_graded_serially(graded, tmp_p
         shutil.copytree(served / "submitted" / student, root / "submitted" / student)
     from nbgrader.api import Gradebook
 
-    with course.venv_on_path(), Gradebook(grade._db_url(root)) as gb:  # the merge must put them back
+    with course.venv_on_path(), Gradebook(course.of(root).gradebook_url) as gb:  # the merge must put them back
         for student in ON_SLURM:
             gb.remove_submission("lab", student)
     others = sorted(set(GRADED) - set(ON_SLURM))
@@ -808,13 +808,13 @@ def test_a_class_graded_on_slurm_scores_exactly_as_graded_serially(graded, tmp_p
             assert done.returncode == 0, done.stderr + done.stdout
             _wait_for_jobs(env, cluster)
             wall = time.time() - started
-            tasks = {s: slurm.read_task(job, s) for s in ON_SLURM}
+            tasks = {s: tasks.read_task(job, s) for s in ON_SLURM}
             assert all(t and t["status"] == "graded" for t in tasks.values()), (tasks, slurm_cluster.logs(cluster.folder))
             pids = dict(cluster.pids)
     except slurm_cluster.Unavailable as err:
         pytest.skip(f"the Slurm cluster could not be started here: {err}")
     assert not any(slurm_cluster.running(pid) for pid in pids.values()), pids
-    assert slurm.unfinished(job) == []
+    assert tasks.unfinished(job) == []
     # At most two at once (the array's %2), and two at once on different GPUs, as different users.
     spans = sorted((t["started"], t["ended"], t["gpus"], t["sandbox_user"], s) for s, t in tasks.items())
     overlapping = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1:] if b[0] < a[1]]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autograder import cli, slurm
+from autograder import cli, slurm, tasks
 
 STUDENTS = ["ada", "bo", "cy", "dee"]
 
@@ -57,7 +57,7 @@ def test_rerun_submits_only_the_failed_and_missing_tasks_then_merges(tmp_path, c
     for student, status in (("ada", "graded"), ("bo", "failed"), ("cy", "graded")):
         (job / "tasks" / student).mkdir(parents=True)
         (job / "tasks" / student / "task.json").write_text(json.dumps({"student": student, "status": status}))
-    assert slurm.unfinished(job) == [1, 3]
+    assert tasks.unfinished(job) == [1, 3]
     bin_dir, log = tmp_path / "bin", tmp_path / "sbatch.log"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {log}\necho $(wc -l < {log})\n')
@@ -83,9 +83,9 @@ def test_a_task_that_cannot_grade_says_why_and_fails(tmp_path):
                            f"--job={job}", "ghost"], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 1
-    record = slurm.read_task(job, "ghost")
+    record = tasks.read_task(job, "ghost")
     assert record["status"] == "failed" and record["error"], record
-    assert slurm.unfinished(job) == [0]
+    assert tasks.unfinished(job) == [0]
 
 
 def test_rerun_without_a_job_says_what_to_run(tmp_path, capsys):

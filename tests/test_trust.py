@@ -194,10 +194,10 @@ def test_student_ids_that_are_paths_are_refused(student):
 
 
 def test_a_student_id_never_names_a_folder_of_the_batch(tmp_path):
-    from autograder import grade
+    from autograder import submission
 
     for student in ("lib", "batch", "spec", "students"):
-        work = grade.Folders(tmp_path / "sandbox" / "students" / course.check_student_id(student)).work
+        work = submission.Folders(tmp_path / "sandbox" / "students" / course.check_student_id(student)).work
         assert (tmp_path / "sandbox" / "batch") not in (work, *work.parents)
         assert work.parent == tmp_path / "sandbox" / "students"
 
@@ -304,9 +304,9 @@ def test_nbgrader_autograde_alone_refuses_to_grade(course_root):
     from nbgrader.converters import Autograde
     from nbgrader.preprocessors import Execute
 
-    from autograder import grade
+    from autograder import gradebook
 
-    app = grade._app(Autograde, course_root)
+    app = gradebook.app(Autograde, course_root)
     standing = [pp for pp in app.autograde_preprocessors if getattr(pp, "replaced_by_the_grader", False)]
     assert Execute not in app.autograde_preprocessors and len(standing) == 1
     with pytest.raises(RuntimeError, match="python -m autograder grade"):

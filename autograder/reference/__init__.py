@@ -22,7 +22,7 @@ from .. import course
 def namespace(notebook: str, course_root: Path = course.COURSE_ROOT,
               cell_ids: tuple[str, ...] | None = None) -> dict:
     """A namespace holding master ``notebook``'s graded solution cells (or the cells ``cell_ids``),
-    executed (see :func:`execute`). Used by: calibrate and the tests."""
+    executed (see :func:`execute`)."""
     master = next((p for p in course.masters(course_root) if p.name.startswith(f"{notebook}_")), None)
     if master is None:
         raise course.CourseError(f"No master notebook {notebook}_*.ipynb in the course.")
@@ -72,7 +72,7 @@ def solutions(notebook: str, course_root: Path = course.COURSE_ROOT) -> types.Si
 
 def keep_all(directory: Path | None = None, course_root: Path = course.COURSE_ROOT) -> None:
     """Keep every master's graded functions as carried-forward code in ``directory`` (default: the
-    results store), as if a student had run each notebook's checks. Used by: calibrate, tests."""
+    results store), as if a student had run each notebook's checks."""
     from labsupport import carry, notebooks
 
     for nb in notebooks.NOTEBOOKS:
@@ -86,8 +86,7 @@ SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$\n?", re.MULTILI
 
 def submission(release: dict, masters: dict) -> dict:
     """The reference as a student hands it in: ``release`` (``{name: notebook}``) with every
-    solution cell (code and written answers) taken from ``masters``, its markers removed. Used by:
-    the grading benchmark and the tests' ``reference`` scenario."""
+    solution cell (code and written answers) taken from ``masters``, its markers removed."""
     out = {}
     for name, nb in release.items():
         nb = copy.deepcopy(nb)

@@ -1,0 +1,395 @@
+"""One submission graded: its folders and sandboxes, each notebook run by nbgrader and judged.
+
+:func:`grade_student` is what :func:`.grade.grade` does for each student, and what a Slurm or
+``--jobs`` task does for its one (:mod:`.tasks`). For each graded notebook, in lab order:
+
+1. Look for edited read-only cells (test cells, the graded-checks cell, the setup cell) by
+   comparing them with the gradebook's record of the release. nbgrader restores them before it
+   runs anything; the change is reported in the summary.
+2. nbgrader's autograde runs the notebook, its kernel in the submission's sandbox
+   (:mod:`.sandbox`: no network, no view of the course, the gradebook or other students,
+   bounded processes, disk, output and wall clock).
+3. The judge re-runs its graded checks (:mod:`.deciding`), driving the student's code in a
+   worker of its own, and the gradebook records the verdicts. The judge measures each rung of the
+   ladder into the grader's results store, which 06's checks read: what 06 grades is what the
+   grader measured for 01-05 of the same submission, minutes earlier.
+
+Then the gradebook is checked (:func:`.deciding.restore`: another student's grades, extra
+credit nobody gave, a score above its maximum are put back), the feedback is generated, and what
+the grader keeps (the results store, the exported report) is copied out through
+:mod:`.boundary` (root follows no link a sandbox left). The submission's own folders,
+``sandbox/students/<student>/`` (a size-limited tmpfs where it can be mounted), are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import nbformat
+
+from nbgrader.preprocessors import Execute
+
+from . import boundary, course, deciding, gradebook, sandbox
+from .course import Course
+
+# Cell outputs that mean nbgrader interrupted a cell at its time limit.
+_TIMEOUT_ENAMES = {"CellTimeoutError", "KeyboardInterrupt"}
+
+
+@dataclass
+class NotebookGrade:
+    """How one notebook of one submission was graded (one row of grading_summary.csv)."""
+
+    student: str
+    notebook: str
+    status: str  # "graded", "timed out", "failed to run" or "missing"
+    score: float
+    max_score: float
+    seconds: float = 0.0
+    edited_cells: list[str] = field(default_factory=list)  # read-only cells the student changed
+    errors: list[str] = field(default_factory=list)  # cells that raised: "cell id: Error: message"
+    needs_manual: bool = False  # a manually graded cell (06's analysis) awaits the instructor
+    verdict_s: float = 0.0  # seconds the grader's verdict process took
+    kernel_disagreed: list[str] = field(default_factory=list)  # test cells the kernel scored otherwise
+    repaired: list[str] = field(default_factory=list)  # gradebook entries put back after this notebook
+    review: list[str] = field(default_factory=list)  # checks held for a person, with their figures
+    wall_s: float = 0.0  # this notebook's grading from start to recorded: kernel, verdict and the rest
+    auto_max_score: float = 0.0  # the points the grader decides (max_score less the manual ones)
+
+
+def _cell_errors(autograded: Path) -> tuple[list[str], bool]:
+    """Error outputs of an autograded notebook, and whether a cell hit the time limit."""
+    if not autograded.exists():
+        return [], False
+    nb = nbformat.read(autograded, as_version=4)
+    errors, timed_out = [], False
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                name = cell.metadata.get("nbgrader", {}).get("grade_id") or cell.get("id")
+                errors.append(f"{name}: {out.get('ename')}: {str(out.get('evalue'))[:200]}")
+                timed_out |= out.get("ename") in _TIMEOUT_ENAMES
+    return errors, timed_out
+
+
+class BoundedExecute(Execute):
+    """nbgrader's Execute, keeping at most ``max_output_bytes`` of a notebook's outputs.
+
+    nbgrader's LimitOutput caps lines after the run; a flood of long lines (or one line) would
+    still fill the notebook, the feedback and the grader's memory. Outputs beyond the cap are
+    dropped as they arrive, with one line saying so.
+    """
+
+    max_output_bytes = 8 * 2**20
+
+    def output(self, outs, msg, display_id, cell_index):
+        used = getattr(self, "_output_bytes", 0)
+        size = len(json.dumps(msg.get("content", {}), default=str))
+        self._output_bytes = used + size
+        if self._output_bytes <= self.max_output_bytes:
+            return super().output(outs, msg, display_id, cell_index)
+        left = self.max_output_bytes - used
+        if msg["msg_type"] == "stream" and left > 0:  # keep the beginning of the text that overflows
+            msg["content"]["text"] = msg["content"]["text"][:left]
+            super().output(outs, msg, display_id, cell_index)
+        if not getattr(self, "_truncated", False):
+            self._truncated = True
+            outs.append(nbformat.v4.new_output("stream", name="stderr", text=(
+                f"... output truncated by the grader: the notebook printed more than "
+                f"{self.max_output_bytes // 2**20} MiB ...\n")))
+        return None
+
+
+@dataclass
+class Batch:
+    """What every submission of one grading batch shares: sandbox, verdict settings, budgets.
+
+    On disk, in the course root's ``sandbox/``: ``batch/`` holds the batch's own read-only files
+    (the copy of labsupport the sandboxes import, the thresholds and calibration), and
+    ``students/<student>/`` each submission's folders, so no student id can name the batch's.
+    """
+
+    course: Course
+    timeout_s: int  # per cell
+    notebook_budget_s: float  # wall clock of one notebook's kernel, and of its verdict process
+    submission_budget_s: float  # wall clock of all of one submission's kernels and verdicts
+    box: str | None  # why there is no sandbox (None: there is one)
+    lib: Path  # the read-only copy of labsupport the sandboxes import
+    settings: dict[str, str]  # the verdict spec's profile, thresholds, calibration, data
+    cells: dict[str, dict[str, list[str]]]  # {notebook: {test cell: [check ids]}}
+    machine: object = None  # labsupport.hardware.Machine: the grader's own view of this machine
+    memory: str | None = None  # why the sandboxes have no memory limit (None: they have one)
+    disk: str | None = None  # why a submission's disk is counted by the watchdog, not a filesystem
+
+    @classmethod
+    def prepare(cls, where: Course | Path, timeout_s: int) -> "Batch":
+        import labsupport
+        from labsupport import dataset, grading, hardware
+        from labsupport.paths import data_root
+
+        the = course.of(where)
+        dataset.ensure(progress=False)  # read-only in the sandboxes: it must be there before they start
+        work = the.root / "sandbox"
+        sandbox.unmount_below(work)  # what a grader that crashed left mounted
+        shutil.rmtree(work, ignore_errors=True)
+        lib = work / "batch" / "lib"
+        shutil.copytree(Path(labsupport.__file__).parent, lib / "labsupport",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        spec = work / "batch" / "spec"
+        spec.mkdir(parents=True)
+        thresholds = spec / "thresholds.toml"
+        shutil.copyfile(grading.thresholds_path(), thresholds)
+        calibration = the.calibration
+        if calibration.is_file():
+            shutil.copyfile(calibration, spec / "calibration.toml")
+        for path in [work, *work.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        settings = {"profile": os.environ.get("LAB_PROFILE", ""), "thresholds": str(thresholds),
+                    "calibration": str(spec / "calibration.toml") if calibration.is_file() else None,
+                    "data": str(data_root().resolve())}
+        box = sandbox.problem()
+        memory = box or sandbox.memory_cgroup()[1]
+        gpu = None if box else sandbox.gpu_problem(sandbox.Sandbox(writable=(), readable=(lib, Path(settings["data"])),
+                                                                   env={"PYTHONPATH": str(lib)}))
+        if gpu:
+            raise course.CourseError(gpu)
+        return cls(the, timeout_s, NOTEBOOK_BUDGET_CELLS * timeout_s, SUBMISSION_BUDGET_CELLS * timeout_s,
+                   box, lib, settings, deciding.checks_by_cell(the.root),
+                   machine=hardware.describe_machine(hardware.pick_device()), memory=memory)
+
+
+# A notebook's kernel may run for this many cell time limits in all (the pre_run_cell hook that
+# sleeps just under the cell limit in every cell ends there); its verdict process for as many.
+NOTEBOOK_BUDGET_CELLS = 4
+# All of one submission's kernels and verdict processes together: on class cpu (900 s cells) 90
+# minutes, on a GPU 60, where the reference takes about a tenth of that.
+SUBMISSION_BUDGET_CELLS = 6
+# A submission's tmpfs: its disk quota (the watchdog stops it there) and room to be stopped in.
+DISK_HEADROOM = 1.25
+
+
+def _kernel_spec(folder: Path, box: sandbox.Sandbox, log: Path) -> None:
+    """A kernel spec ``lab-sandbox`` in ``folder`` (put on JUPYTER_PATH) that starts IPython in ``box``.
+
+    nbgrader writes the connection file (mode 600, root's) into the run folder, made fresh for
+    each notebook; the sandbox copies it to its own /tmp for the kernel, which runs as nobody. The
+    kernel process's own output (its banner, C++ libraries' logging) goes to ``log``, not the
+    grader's terminal.
+    """
+    argv = box.command([sys.executable, "-m", "ipykernel_launcher", "-f", "/tmp/kernel.json"],
+                       before="cp '{connection_file}' /tmp/kernel.json && chmod 0644 /tmp/kernel.json",
+                       log=log)
+    spec = folder / "kernels" / "lab-sandbox"
+    spec.mkdir(parents=True, exist_ok=True)
+    # Interrupts by message: a signal to the sandbox's outer process would end the sandbox, where
+    # nbgrader's interrupt at a cell's time limit must reach IPython inside it (ipykernel then
+    # signals its own process group).
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "lab sandbox",
+                                                  "language": "python", "interrupt_mode": "message"}))
+
+
+@dataclass
+class Folders:
+    """One submission's folders, all in ``work`` (root's: no sandboxed process can rename or
+    replace anything in it, only write inside the folders below that it was given)."""
+
+    work: Path
+
+    def __getattr__(self, name):
+        kinds = {"results": "the kernel's results store", "run": "the kernel's Jupyter runtime folder",
+                 "cwd": "the kernel's working folder", "report": "the HTML the kernel's 06 exports",
+                 "inductor": "torch.compile's cache (kernels and verdict processes)",
+                 "store": "the grader's results store (verdict processes)", "outbox": "verdicts",
+                 "inputs": "what root hands a verdict process (root's, read-only)",
+                 "judged": "what the judge keeps for later notebooks: checks, rungs, code (root's)",
+                 "jupyter": "the kernel spec (root's)"}
+        if name not in kinds:
+            raise AttributeError(name)
+        return self.work / name
+
+    def fresh(self, *names: str, owned: bool = True) -> None:
+        """Make ``names`` empty again: removed (without following links) and made anew, given to
+        the sandbox user where ``owned``. Safe at any time, since ``work`` is root's."""
+        for name in names:
+            path = getattr(self, name)
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+            if owned:
+                sandbox.own(path)
+
+
+def grade_student(where: Course | Path, student: str, *, timeout_s: int,
+                  batch: Batch | None = None) -> list[NotebookGrade]:
+    """Autograde one student's notebooks in lab order, record the grader's verdicts, generate feedback.
+
+    For each notebook: nbgrader runs it (in the submission's sandbox where there is one), then
+    the verdict process re-runs its checks outside the kernel, and the gradebook records the
+    verdicts. The gradebook is checked afterwards (:func:`deciding.restore`). The kernels and
+    verdict processes of one submission share one wall clock (``batch.submission_budget_s``), one
+    disk (a tmpfs of STORE_BYTES, or the watchdog) and one memory limit (the grader's cgroup).
+    What the grader keeps (the results store, the exported report) is copied out through
+    :mod:`.boundary` at the end, and the submission's folders are removed.
+    """
+    from nbgrader.converters import Autograde
+
+    the = course.of(where)
+    batch = batch or Batch.prepare(the, timeout_s)
+    folder = the.submitted(student)
+    names = course.lab_order(p.stem for p in course.graded_masters(the.root))
+    kept = the.results(student)  # the grader's measurements, copied out at the end
+    dirs = Folders(batch.course.root / "sandbox" / "students" / student)
+    sandbox.unmount_below(dirs.work)
+    for path in (kept, dirs.work, the.verdicts(student)):
+        shutil.rmtree(path, ignore_errors=True)
+    deadline = time.monotonic() + batch.submission_budget_s
+    try:
+        grades, before = _grade_in(the, student, batch, dirs, folder, names, deadline, Autograde)
+        with the.gradebook() as gb:
+            repaired = deciding.restore(gb, the.assignment, student, before)
+        gradebook.feedback(the, student)
+        try:
+            (the.root / "reports").mkdir(exist_ok=True)
+            boundary.copy_file(dirs.report, "report.html", the.root / "reports" / f"{student}.html")
+        except OSError:
+            pass  # no report exported (06 did not run, or wrote something else): the summary says so
+        if dirs.store.is_dir():
+            skipped = boundary.copy_tree(dirs.store, kept)
+            if skipped and grades:
+                grades[0].errors.append(f"results not kept: {'; '.join(skipped[:5])}")
+        if dirs.judged.is_dir():  # the judge's own files (root's), over whatever the store held of them
+            shutil.copytree(dirs.judged, kept, dirs_exist_ok=True)
+    finally:
+        sandbox.unmount_below(dirs.work)
+        shutil.rmtree(dirs.work, ignore_errors=True)
+    scores = gradebook.notebook_scores(the, student)
+    for g in grades:
+        g.score, g.max_score, g.needs_manual, g.auto_max_score = scores.get(g.notebook, (0.0, g.max_score, False, 0.0))
+        g.repaired = [r for r in repaired if g.notebook in r]
+    if grades:  # a repair that names none of this student's notebooks goes on the first row
+        grades[0].repaired += [r for r in repaired if not any(g.notebook in r for g in grades)]
+    return grades
+
+
+def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Path,
+              names: list[str], deadline: float, Autograde) -> tuple[list[NotebookGrade], dict]:
+    """Run and judge each notebook of ``student`` in ``dirs``; returns the NotebookGrades and the
+    gradebook's snapshot from before (for :func:`deciding.restore`)."""
+    sandboxed = batch.box is None
+    dirs.work.mkdir(parents=True)
+    if sandboxed and batch.disk is None:
+        why = sandbox.mount_disk(dirs.work, int(sandbox.STORE_BYTES * DISK_HEADROOM))
+        if why:  # said once for the batch: the watchdog counts files instead
+            batch.disk = f"no size-limited filesystem per submission ({why})"
+            print(f"note: {batch.disk}; the watchdog counts each submission's files instead")
+    disk = dirs.work if sandboxed and batch.disk is None else None
+    dirs.fresh("results", "report", "inductor", "store", "outbox", owned=sandboxed)
+    dirs.fresh("judged", owned=False)
+    shutil.copytree(folder, dirs.cwd)  # the kernel's working folder: the submission as handed in
+    if sandboxed:
+        sandbox.own(dirs.cwd)
+    kernel_report = dirs.report / "report.html"
+    autograded = the.autograded(student)
+    env = {"LAB_RESULTS": str(dirs.results), "LAB_REPORT": str(kernel_report),
+           # the batch's copy, which the sandbox can read (the course root is not in it)
+           "LAB_CALIBRATION": batch.settings["calibration"] or os.devnull,
+           "LAB_THRESHOLDS": batch.settings["thresholds"],  # the batch's copy, for the grader's decisions too
+           "JUPYTER_RUNTIME_DIR": str(dirs.run), "JUPYTER_PATH": str(dirs.jupyter),
+           # One Inductor cache per submission, shared by its kernels and verdict processes (never
+           # between submissions): the verdict re-uses what the kernel compiled for the same code.
+           "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)}
+    readable = (batch.lib, Path(batch.settings["data"]), Path(batch.settings["thresholds"]).parent)
+    box = verdict_box = None
+    if sandboxed:
+        box = sandbox.Sandbox(writable=(dirs.results, dirs.run, dirs.report, dirs.inductor), readable=readable,
+                              env={"PYTHONPATH": str(batch.lib), "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)},
+                              mounts=((dirs.cwd, autograded),))
+        verdict_box = sandbox.Sandbox(writable=(dirs.store, dirs.outbox, dirs.inductor),
+                                      readable=readable + (dirs.report, dirs.inputs))
+    written = (dirs.results, dirs.cwd, dirs.report, dirs.inductor, dirs.run)  # where the kernel writes
+    grades = []
+    with the.gradebook() as gb:
+        before = deciding.snapshot(gb, the.assignment)
+    with course.environment(env):
+        for name in names:
+            path = folder / f"{name}.ipynb"
+            if not path.exists():
+                grades.append(NotebookGrade(student, name, "missing", 0.0, 0.0))
+                continue
+            left = deadline - time.monotonic()
+            if left < 1:
+                grades.append(NotebookGrade(student, name, "out of time", 0.0, 0.0, errors=[
+                    f"not run: the submission used its {batch.submission_budget_s:.0f} s of grading "
+                    "(all notebooks and verdicts together)"]))
+                continue
+            began = time.perf_counter()
+            try:
+                edited = gradebook.edited_cells(path, name, the)
+            except Exception as err:  # an unreadable notebook: autograde reports it below
+                edited = [f"(could not compare: {type(err).__name__}: {err})"]
+            # "immediate": the kernel is killed once its last cell has replied, not asked to run its
+            # exit hooks (about 2 s of tearing torch down, per notebook).
+            settings = dict(Execute__timeout=max(1, int(min(batch.timeout_s, left))),
+                            Execute__shutdown_kernel="immediate")
+            dirs.fresh("run", owned=sandboxed)  # what the last kernel left there is gone
+            if box is not None:
+                _kernel_spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
+                             dirs.run / "kernel.log")
+                settings.update(Execute__kernel_name="lab-sandbox", KernelManager__transport="ipc",
+                                KernelManager__ip=str(dirs.run / "kernel"),
+                                KernelManager__connection_file=str(dirs.run / "connection.json"))
+            app = gradebook.app(Autograde, the, CourseDirectory__student_id=student,
+                       CourseDirectory__notebook_id=name, Autograde__create_student=True, **settings)
+            # the config's stand-in (nbgrader autograde alone refuses to grade) becomes the sandboxed run
+            app.autograde_preprocessors = [BoundedExecute if pp is Execute or getattr(pp, "replaced_by_the_grader", False)
+                                           else pp for pp in app.autograde_preprocessors]
+            started, since = time.perf_counter(), time.time()
+            kills = sandbox.memory_kills()
+            with sandbox.watchdog(written, enabled=sandboxed, disk=disk) as dog:
+                outcome = gradebook.run(app)
+            if sandboxed:
+                sandbox.kill_all()  # nothing the notebook started outlives it
+            seconds = time.perf_counter() - started
+            errors, timed_out = _cell_errors(autograded / f"{name}.ipynb")
+            if not outcome["success"]:
+                status = "failed to run"
+                errors.append(gradebook.last_error_line(outcome))
+            else:
+                status = "timed out" if timed_out else "graded"
+            if sandbox.memory_kills() > kills:
+                errors.append(f"the notebook used more than {sandbox.memory_bytes() / 2**30:.1f} GiB of memory: "
+                              "the sandbox's limit stopped it")
+            if dog.tripped or (sandboxed and sandbox.disk_used(written, disk) > sandbox.STORE_BYTES):
+                errors.append(f"the notebook wrote more than {sandbox.STORE_BYTES / 2**20:.0f} MiB to disk: "
+                              "it was stopped, and what it wrote was deleted")
+                dirs.fresh("results", "cwd", "report", "inductor", owned=sandboxed)
+            left = deadline - time.monotonic()
+            if left < 1:
+                found = {"error": "no time was left for the verdict process: the submission used its "
+                                  f"{batch.submission_budget_s:.0f} s of grading"}
+            else:
+                found = deciding.run(name[:2], dirs=dirs, since=since, settings=batch.settings,
+                                     box=verdict_box,
+                                     pythonpath=batch.lib, timeout_s=min(batch.notebook_budget_s, left),
+                                     env={"TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)})
+            if "error" in found:
+                errors.append(f"verdicts: {found['error']}")
+            cells = batch.cells.get(name, {})
+            decisions, passed = deciding.score(found, cells, batch.machine)
+            deciding.keep(the.root, student, name, found, decisions)
+            with the.gradebook() as gb:
+                disagreed = deciding.record(gb, the.assignment, student, name, passed)
+            grades.append(NotebookGrade(student, name, status, 0.0, 0.0, seconds, edited, errors,
+                                        verdict_s=float(deciding.finite(found.get("seconds")) or 0.0),
+                                        kernel_disagreed=disagreed,
+                                        review=[f"{d.check}: {d.note}" for d in decisions.values()
+                                                if d.result == "review"],
+                                        wall_s=time.perf_counter() - began))
+    return grades, before
+
+
