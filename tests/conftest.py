@@ -61,5 +61,17 @@ def tiny():
     return PROFILES["tiny"]
 
 
+@pytest.fixture
+def tiny_env(monkeypatch, tiny_data, tmp_path) -> Path:
+    """This test's lab at the tiny profile: the tiny dataset, a results store of its own (returned)
+    and no calibration (the class defaults). A test that needs another profile sets LAB_PROFILE
+    after it (``tiny:grades_speed=1``)."""
+    monkeypatch.setenv("LAB_DATA", str(tiny_data))
+    monkeypatch.setenv("LAB_PROFILE", "tiny")
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("LAB_CALIBRATION", str(tmp_path / "no-calibration.toml"))
+    return tmp_path / "results"
+
+
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                    reason="needs a CUDA GPU (run on a GPU machine to cover this)")

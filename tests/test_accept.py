@@ -52,19 +52,15 @@ def test_a_class_is_ready_only_when_the_reference_clears_every_check():
     assert "correctness partner" in accept.checks_ready(broken)[0]
 
 
-def test_a_notebook_stopped_at_its_limit_is_reported_not_ready(tmp_path, tiny_data, monkeypatch):
+def test_a_notebook_stopped_at_its_limit_is_reported_not_ready(tmp_path, tiny_env):
     """Each notebook's checks run in a process of their own, stopped at their limit and said so."""
-    monkeypatch.setenv("LAB_PROFILE", "tiny")
-    monkeypatch.setenv("LAB_DATA", str(tiny_data))
     table = accept.run_checks(("07",), 1, tmp_path, limit_s=3)
     rows = json.loads((tmp_path / "checks.json").read_text())
     assert rows[-1]["check"].startswith("07 (") and "stopped at its limit" in rows[-1]["notes"][0], rows
     assert "did not run" in " ".join(accept.checks_ready(table))
 
 
-def test_accept_tables_the_references_checks_against_the_class_defaults(tmp_path, tiny_data, monkeypatch):
-    monkeypatch.setenv("LAB_PROFILE", "tiny")
-    monkeypatch.setenv("LAB_DATA", str(tiny_data))
+def test_accept_tables_the_references_checks_against_the_class_defaults(tmp_path, tiny_env):
     report, wrong = accept.accept(("checks",), 1, ("01",), out=tmp_path, check_limit_s=300)
     text = report.read_text()
     assert wrong == [], text

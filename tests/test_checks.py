@@ -28,10 +28,7 @@ def solution(notebook: str, *cell_ids: str) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def tiny_lab(monkeypatch, tiny_data, tmp_path):
-    monkeypatch.setenv("LAB_DATA", str(tiny_data))
-    monkeypatch.setenv("LAB_PROFILE", "tiny")
-    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+def tiny_lab(tiny_env):
     reference.keep_all()  # the reference's code, carried forward as a student's is (05 and 06 use it)
 
 
@@ -411,7 +408,7 @@ def test_03_step_that_does_less_when_it_is_timed_loses_the_speed_check_only():
 
     ns = solution("03", *AMP_CELLS)
     honest = ns["amp_train_step"]
-    exec(scenarios.TIMED_FROM_MY_STACK, ns)
+    exec(scenarios.timed_from_my_stack(), ns)
     timed = ns["_timed"]
 
     def classifier_only(model, optimizer, scaler, images, labels, dtype):
@@ -500,7 +497,7 @@ def test_04_checkpointing_that_skips_its_recomputation_when_timed_loses_the_over
 
     ns = solution("04", *CKPT_CELLS)
     honest = ns["checkpointed"]
-    exec(scenarios.TIMED_FROM_MY_STACK, ns)
+    exec(scenarios.timed_from_my_stack(), ns)
     timed = ns["_timed"]
 
     class Sneaky(torch.nn.Module):
@@ -787,7 +784,7 @@ def test_06_a_carried_step_that_does_less_when_it_is_timed_fails_end_to_end(tmp_
     import scenarios
 
     code = tmp_path / "results" / "code" / "03.py"
-    code.write_text(code.read_text() + "\n\n" + scenarios.TIMED_FROM_MY_STACK + (
+    code.write_text(code.read_text() + "\n\n" + scenarios.timed_from_my_stack() + "\n\n\n" + (
         "_honest_step = amp_train_step\n\n\n"
         "def amp_train_step(model, optimizer, scaler, images, labels, dtype):\n"
         "    for name, p in model.named_parameters():\n"

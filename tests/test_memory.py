@@ -127,14 +127,11 @@ def test_cuda_peak_is_counted_as_on_the_cpu():
 
 
 @requires_cuda
-def test_04s_memory_snapshot_cell_keeps_the_snapshot_and_its_timeline(tmp_path, monkeypatch, tiny_data):
+def test_04s_memory_snapshot_cell_keeps_the_snapshot_and_its_timeline(tmp_path, tiny_env):
     """04's CUDA-only cell, run as the notebook runs it: a snapshot pickle and its HTML timeline in
     results/memory, and max reserved at least max allocated."""
     from autograder import reference
 
-    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("LAB_DATA", str(tiny_data))
-    monkeypatch.setenv("LAB_PROFILE", "tiny")
     space = reference.namespace("04", cell_ids=("cell-03", "cell-budget", "cell-snapshot"))
     memory_dir = tmp_path / "results" / "memory"
     assert (memory_dir / "04-snapshot.pickle").stat().st_size > 0

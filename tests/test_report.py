@@ -228,7 +228,7 @@ def test_a_rung_record_with_a_setup_the_lab_never_runs_is_left_out_of_the_roofli
         results.load("02-data", tmp_path / "results")
 
 
-def test_06_measures_again_here_the_rungs_recorded_on_another_machine(tmp_path, monkeypatch, tiny_data):
+def test_06_measures_again_here_the_rungs_recorded_on_another_machine(tmp_path, tiny_env):
     """Colab gives every notebook a new runtime, often another machine: 06 measures each rung
     recorded elsewhere again here (01 from nothing, 02 from the code its checks carried), keeps
     where it was first measured, and reports which rungs were measured again; a rung whose
@@ -237,9 +237,6 @@ def test_06_measures_again_here_the_rungs_recorded_on_another_machine(tmp_path, 
     from labsupport import carry
     from labsupport.grading import grading_lab
 
-    monkeypatch.setenv("LAB_DATA", str(tiny_data))
-    monkeypatch.setenv("LAB_PROFILE", "tiny")
-    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
     lab = grading_lab()
     colab = {**lab.machine.as_dict(), "device_name": "Intel(R) Xeon(R) CPU @ 2.20GHz", "device_class": "cpu"}
     for stage in ("01-baseline", "02-data", "03-amp"):

@@ -42,11 +42,7 @@ def built():
 
 
 @pytest.mark.parametrize("scenario, notebook", UNBATCHED, ids=lambda v: v)
-def test_scenario_notebook_loses_exactly_its_points(built, scenario, notebook, tiny_data, tmp_path, monkeypatch):
-    monkeypatch.setenv("LAB_DATA", str(tiny_data))
-    monkeypatch.setenv("LAB_PROFILE", "tiny")
-    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("LAB_CALIBRATION", str(tmp_path / "no-calibration.toml"))
+def test_scenario_notebook_loses_exactly_its_points(built, scenario, notebook, tiny_env):
     handed_in = built[scenario]
     for name in sorted(handed_in):  # the notebooks before this one, and this one, as their checks keep them
         if name <= notebook:
