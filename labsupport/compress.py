@@ -60,7 +60,7 @@ DISTILL_SEEDS = (0, 1)  # each trained pair, its own seeded weights and batches:
 
 @dataclasses.dataclass(frozen=True)
 class Data:
-    """The lab's images at :data:`IMAGE_SIZE`, decoded once and normalised (Used by: 07 and its checks)."""
+    """The lab's images at :data:`IMAGE_SIZE`, decoded once and normalised."""
 
     train_images: torch.Tensor
     train_labels: torch.Tensor
@@ -171,7 +171,7 @@ def prunable(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 @dataclasses.dataclass(frozen=True)
 class Sparsity:
-    """Zeros in the stored weights of the Conv2d and Linear layers (Used by: 07 and its checks)."""
+    """Zeros in the stored weights of the Conv2d and Linear layers."""
 
     zeros: int
     total: int
@@ -230,7 +230,7 @@ def deployable(model: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Silence what torchao and the PT2E flow print that is not a fault (Used by: 07).
+    """Silence what torchao and the PT2E flow print that is not a fault.
 
     - importing torchao logs that its ``KernelPreference`` enum is now natively supported by
       torch.compile (torch/utils/_pytree.py), a note to torchao's developers;
@@ -253,7 +253,7 @@ def quiet() -> Iterator[None]:
 @contextlib.contextmanager
 def serving() -> Iterator[None]:
     """Where 07 compiles a model to serve it on the CPU (:func:`compiled`): :func:`quiet`,
-    ``torch.no_grad()``, and Inductor's freezing on (Used by: 07 and its checks).
+    ``torch.no_grad()``, and Inductor's freezing on.
 
     The int8 kernels need freezing (without it the lowering fails: ``onednn.qconv_prepack``), and
     the fp32 model is compiled the same way, so the comparison is fair.
@@ -327,7 +327,7 @@ class ComputedWith:
 
 def computed_with(model, batch: torch.Tensor) -> ComputedWith:
     """The tensors one forward of ``model`` on ``batch`` reads that it did not make: its weights,
-    as its operators see them (Used by: 07's int8 check).
+    as its operators see them.
 
     Read through a TorchDispatchMode, which sees every operator's tensor arguments, whatever holds
     them (parameters, buffers, plain attributes, a closure): a model that keeps int8 copies as

@@ -163,9 +163,7 @@ def _read_manifest(root: Path) -> dict[str, Any] | None:
 
 def verify(root: Path | str) -> list[str]:
     """Hash every file listed in ``root/manifest.json``; return the problems (empty = OK).
-
-    Used by: ensure(full_check=True), i.e. `python -m labsupport data --verify`.
-    """
+    ``python -m labsupport data --verify`` runs it (``ensure(full_check=True)``)."""
     root = Path(root)
     manifest = _read_manifest(root)
     if manifest is None or "files" not in manifest:
@@ -341,7 +339,6 @@ class ByName:
     dataset, and with it its loader function, by module name. The graded checks measure with a
     private copy of labsupport (:func:`labsupport.grading.fresh`, module ``_labsupport_graded_N``)
     that a new process cannot import, so its functions are sent by the installed package's name.
-    Used by: open_split (its ImageFolder loader).
     """
 
     def __init__(self, fn: Callable):

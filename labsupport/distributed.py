@@ -1,4 +1,4 @@
-"""Data-parallel training on one machine: DDP over gloo, one process per worker (Used by: 08).
+"""Data-parallel training on one machine: DDP over gloo, one process per worker.
 
 :func:`run` starts ``world_size`` processes (``torch.multiprocessing.spawn``), joins them into a
 gloo process group on this machine, and runs a list of :class:`Task` in each: a few steps of
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class Task:
-    """One measurement in every rank of a :func:`run` (Used by: 08)."""
+    """One measurement in every rank of a :func:`run`."""
 
     name: str
     # "resnet18"; "group_norm": per-sample normalisation, so shards add up exactly; "allreduce":
@@ -48,7 +48,7 @@ class Task:
 
 @dataclass
 class TaskResult:
-    """What rank 0 measured for one task (Used by: 08)."""
+    """What rank 0 measured for one task."""
 
     name: str
     world_size: int
@@ -184,7 +184,7 @@ def _free_port() -> int:
 
 def run(world_size: int, tasks: list[Task], images: torch.Tensor, labels: torch.Tensor, *,
         threads: int = 1, seed: int = 0) -> dict[str, TaskResult]:
-    """Run ``tasks`` in ``world_size`` processes of ``threads`` torch threads each (Used by: 08).
+    """Run ``tasks`` in ``world_size`` processes of ``threads`` torch threads each.
 
     ``images`` and ``labels`` are one global batch on the CPU, split evenly across the ranks and
     reused at every step. A task with micro-batches runs your ``accumulate_step`` from notebook 04
@@ -211,5 +211,5 @@ def run(world_size: int, tasks: list[Task], images: torch.Tensor, labels: torch.
 
 
 def max_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    """The largest absolute difference between two lists of gradients (Used by: 08)."""
+    """The largest absolute difference between two lists of gradients."""
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))

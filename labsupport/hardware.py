@@ -41,7 +41,7 @@ import torch
 
 @dataclass(frozen=True)
 class Profile:
-    """How much work one measurement does on a device class (Used by: every notebook)."""
+    """How much work one measurement does on a device class."""
 
     name: str  # the profile's name: a device class, a GPU family's ("cuda-tensorcore-xl"), or "tiny"
     image_size: int  # training resolution in px; the lab's JPEGs are larger, as ImageNet's are
@@ -83,7 +83,7 @@ PROFILES: dict[str, Profile] = {
 
 @dataclass(frozen=True)
 class DeviceClass:
-    """What the lab decides once per device class (Used by: setup, grading, the autograder).
+    """What the lab decides once per device class.
 
     The 16-bit type, the GradScaler and whether to compile are not here: choosing them is what
     notebooks 03 and 05 teach, so the student's own choice (carried forward) decides them.
@@ -133,7 +133,7 @@ DEVICE_CLASSES = tuple(CLASSES)
 
 @dataclass(frozen=True)
 class Machine:
-    """What the lab ran on; stored with every result (Used by: every notebook, 06_report)."""
+    """What the lab ran on; stored with every result."""
 
     device: str  # torch device type the lab uses: "cuda", "mps" or "cpu"
     device_class: str  # one of DEVICE_CLASSES
@@ -155,7 +155,7 @@ class Machine:
 
 
 def pick_device() -> torch.device:
-    """CUDA, then MPS, then CPU, unless ``LAB_DEVICE`` says otherwise (Used by: every notebook)."""
+    """CUDA, then MPS, then CPU, unless ``LAB_DEVICE`` says otherwise."""
     forced = os.environ.get("LAB_DEVICE", "").strip().lower()
     if forced:
         if forced not in ("cpu", "cuda", "mps"):
@@ -176,7 +176,7 @@ def pick_device() -> torch.device:
 
 
 class LabWarning(UserWarning):
-    """Something about this machine that changes what the lab measures (Used by: pick_device)."""
+    """Something about this machine that changes what the lab measures."""
 
 
 def _nvidia_gpu_present() -> bool:
@@ -206,7 +206,7 @@ def gpu_problem() -> str | None:
 
     A GPU that torch cannot use is said, not silently replaced by a CPU class: a CPU-only torch
     build, a driver too old for the build's CUDA, or a GPU older than the build supports (the
-    default CUDA 13 wheels start at compute capability 7.5). Used by: pick_device.
+    default CUDA 13 wheels start at compute capability 7.5).
     """
     if torch.cuda.is_available():
         capability = torch.cuda.get_device_capability(0)
@@ -264,7 +264,7 @@ def cpu_bf16_units(flags: set[str], max_isa: str | None = None) -> str:
 
 
 def classify(device: str, compute_capability: str | None, cpu_units: str) -> str:
-    """Map a device to its device class (Used by: describe_machine, the autograder's thresholds)."""
+    """Map a device to its device class."""
     if device == "cuda":
         major = int(str(compute_capability or "0").split(".")[0])
         return "cuda-tensorcore" if major >= 7 else "cuda"
@@ -302,7 +302,7 @@ def tensor_tflops(capability: tuple[int, int], sm_count: int, clock_khz: float) 
 
 def gpu_profile(capability: tuple[int, int], sm_count: int, clock_khz: float, memory_bytes: int) -> str:
     """The profile of a CUDA GPU's family: ``cuda-tensorcore-xl`` for the A100/H100 family (see
-    XL_TFLOPS), else its device class's. Used by: describe_machine."""
+    XL_TFLOPS), else its device class's."""
     device_class = classify("cuda", f"{capability[0]}.{capability[1]}", "none")
     if (device_class == "cuda-tensorcore" and tensor_tflops(capability, sm_count, clock_khz) >= XL_TFLOPS
             and memory_bytes >= XL_MEMORY_GIB * 2**30):
@@ -313,14 +313,13 @@ def gpu_profile(capability: tuple[int, int], sm_count: int, clock_khz: float, me
 def same_machine(a: dict, b: dict, *, cores: bool = False) -> bool:
     """Whether two recorded machines (Machine facts) are the same one: the same device class and
     device name, and with ``cores`` the same CPU cores (``grade --jobs`` grades each submission on
-    a share of them). The one rule for "this machine" (Used by: grading's calibration, report's
-    ladder)."""
+    a share of them). The one rule for "this machine"."""
     keys = ("device_class", "device_name") + (("cpu_cores",) if cores else ())
     return all(a.get(k) == b.get(k) for k in keys)
 
 
 def describe_machine(device: torch.device | None = None) -> Machine:
-    """Describe this machine and classify it (Used by: every notebook's first cell)."""
+    """Describe this machine and classify it."""
     import torchvision  # imported here: labsupport.hardware itself must not need it
 
     device = device or pick_device()
@@ -378,7 +377,7 @@ TORCH_FLOORS: dict[str, tuple[tuple[int, int], str]] = {
 
 
 def torch_problem(device_type: str, version: str | None = None) -> str | None:
-    """Why this torch is too old for the lab on ``device_type``, or None (Used by: setup)."""
+    """Why this torch is too old for the lab on ``device_type``, or None."""
     version = version or torch.__version__
     found = tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:2])
     floor, why = TORCH_FLOORS[device_type]
@@ -392,8 +391,7 @@ def compile_problem(machine: Machine) -> str | None:
     """Why ``torch.compile``'s default backend cannot run on this machine, or None if it can.
 
     Inductor generates GPU kernels with Triton, which needs compute capability 7.0 or newer: on an
-    older GPU (class ``cuda``, a P100 say) the first compiled call raises. Used by: 05's check and
-    notebook 05, which then measure eager only and say why.
+    older GPU (class ``cuda``, a P100 say) the first compiled call raises.
     """
     if machine.device == "cuda" and int(str(machine.compute_capability or "0").split(".")[0]) < 7:
         return (f"{machine.device_name} has compute capability {machine.compute_capability}; torch.compile's "
@@ -403,7 +401,7 @@ def compile_problem(machine: Machine) -> str | None:
 
 def profile_for(default: str, override: str | None = None) -> Profile:
     """The scale profile ``default`` (a machine's ``profile``, or a device class), with ``LAB_PROFILE``
-    applied (Used by: every notebook).
+    applied.
 
     ``override`` (default: the ``LAB_PROFILE`` variable) is ``name`` or ``name:field=value,...``.
     """
@@ -430,7 +428,7 @@ def profile_for(default: str, override: str | None = None) -> Profile:
 
 @dataclass(frozen=True)
 class Lab:
-    """Everything a notebook decides once in its first cell (Used by: every notebook)."""
+    """Everything a notebook decides once in its first cell."""
 
     device: torch.device  # where tensors and the model live
     machine: Machine  # what it runs on; stored with every result
@@ -447,7 +445,7 @@ class Lab:
 
 
 def quiet_library_logs(device: torch.device) -> None:
-    """Silence library log lines that read as faults and are not (Used by: setup).
+    """Silence library log lines that read as faults and are not.
 
     - The profiler's kineto prints "USDT: profiler_start" lines on every run, and on a machine
       without a GPU "ERROR: gpuGetDeviceCount failed". ``KINETO_LOG_LEVEL`` (read when a profile

@@ -38,7 +38,7 @@ _mps_synchronize = torch.mps.synchronize
 
 
 def sync(device: torch.device | str) -> None:
-    """Wait for the device to finish queued work (Used by: every timing in the lab)."""
+    """Wait for the device to finish queued work."""
     device = torch.device(device)
     if device.type == "cuda":
         _cuda_synchronize(device)
@@ -46,9 +46,21 @@ def sync(device: torch.device | str) -> None:
         _mps_synchronize()
 
 
+def profiler(device: torch.device | str, *, memory: bool = False):
+    """A profile of ``device``'s work as ``torch.profiler.profile`` takes one (the CPU's activity,
+    and CUDA's on a GPU; ``memory``: the allocator's allocations and frees), through the autograd
+    profiler it wraps, for the checks' own profiles: its ``function_events`` are torch.profiler's
+    ``events()``, its ``key_averages()`` the same table. torch.profiler's start asks
+    ``hasattr(torch, "_inductor")``, which imports Inductor: about 2.5 s in a process that compiles
+    nothing (a grading worker, class cpu), paid by every one that profiles."""
+    use_device = "cuda" if torch.device(device).type == "cuda" else None
+    return torch.autograd.profiler.profile(use_cpu=True, use_kineto=True, use_device=use_device,
+                                           profile_memory=memory)
+
+
 @dataclass(frozen=True)
 class Spread:
-    """Median and spread of a sample (Used by: StepTimes, Comparison)."""
+    """Median and spread of a sample."""
 
     median: float
     q1: float  # 25th percentile
@@ -149,7 +161,7 @@ def micro(fn: Callable[[], object], label: str, *, min_run_time_s: float = 0.5):
     reports the median and IQR of per-call means. It runs with this process's torch thread
     count (``torch.get_num_threads()``), the count the training step itself uses. Returns a
     ``torch.utils.benchmark.Measurement`` (``.median`` and ``.iqr`` in seconds); a list of them
-    prints as a table through ``torch.utils.benchmark.Compare``. (Used by: 01, 02.)
+    prints as a table through ``torch.utils.benchmark.Compare``.
     """
     from torch.utils import benchmark
 
@@ -166,7 +178,7 @@ PEAK_MATMUL_N = {"cuda": 8192, "mps": 4096, "cpu": 1024}
 def matmul_peak(device: torch.device | str, dtype: torch.dtype = torch.float32, *, n: int | None = None,
                 min_run_time_s: float = 0.5) -> Spread:
     """FLOP/s that one ``n x n`` matmul in ``dtype`` reaches on ``device``: the achievable peak a
-    step's FLOP/s is read against (Used by: report.roofline, ``make run``, 06).
+    step's FLOP/s is read against.
 
     Timed with :func:`micro` (``torch.utils.benchmark``): the median and spread of its blocks'
     per-call times, as FLOP/s (2 n^3 per matmul). On CUDA it runs with torch's settings as they
@@ -183,7 +195,7 @@ def matmul_peak(device: torch.device | str, dtype: torch.dtype = torch.float32, 
 
 
 def one_off_s(fn: Callable[[], object], device: torch.device | str) -> float:
-    """Wall seconds of one call, synchronised before both clock reads (Used by: 05, 06).
+    """Wall seconds of one call, synchronised before both clock reads.
 
     For things that happen once: compile time, first-step latency, an epoch.
     """
@@ -196,7 +208,7 @@ def one_off_s(fn: Callable[[], object], device: torch.device | str) -> float:
 
 
 def cold_compile_s(compiled: Callable, *args, device: torch.device | str) -> float:
-    """Seconds of the first call of a freshly compiled function, with the graph caches off (Used by: 05).
+    """Seconds of the first call of a freshly compiled function, with the graph caches off.
 
     The caller runs ``torch.compiler.reset()`` first (Dynamo forgets what it compiled), and the
     FX graph and autotuning caches are off here, so tracing, lowering and autotuning all happen
@@ -295,7 +307,7 @@ def compare(baseline: Callable[[], object], candidate: Callable[[], object],
 
 
 class PhaseClock:
-    """Stamps the phases of a step with a host clock, synchronising at each mark (Used by: 01, 02).
+    """Stamps the phases of a step with a host clock, synchronising at each mark.
 
     Synchronising at every phase boundary removes the overlap a free-running step has, so the
     phases add up to a bit more than a real step: use the breakdown for *shares*, and
@@ -321,7 +333,7 @@ class PhaseClock:
 
 @dataclass(frozen=True)
 class Utilisation:
-    """How busy the device was while a function ran, sampled (Used by: 01, 02)."""
+    """How busy the device was while a function ran, sampled."""
 
     what: str  # what was sampled, in words
     percent: float | None  # the mean of the samples (None: nothing could be sampled here)
@@ -361,7 +373,7 @@ def _gpu_sampler(device: torch.device) -> tuple[Callable[[], float], str]:
 
 
 def utilisation(fn: Callable[[], object], device: torch.device | str, *, interval_s: float = 0.1) -> Utilisation:
-    """Sample how busy ``device`` is, every ``interval_s``, while ``fn()`` runs (Used by: 01, 02).
+    """Sample how busy ``device`` is, every ``interval_s``, while ``fn()`` runs.
 
     On CUDA: the GPU utilisation that ``nvidia-smi`` shows, the share of each sample period in
     which *any* kernel ran (one small kernel on one of 100+ SMs counts as busy). On a CPU: the
@@ -432,7 +444,7 @@ def _clipped(intervals: list[tuple[float, float]], start: float, end: float) -> 
 
 
 def trace_phases(prof, phases: tuple[str, ...] | None = None) -> "pd.DataFrame":
-    """Read a profiled step's trace per labelled phase, from the profiler's own events (Used by: 01).
+    """Read a profiled step's trace per labelled phase, from the profiler's own events.
 
     ``prof`` is a finished ``torch.profiler.profile`` whose steps label their phases with
     ``record_function`` (default names: ``train.PHASES``). Per phase, averaged over the profiled

@@ -28,10 +28,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .measure import sync
+from .measure import profiler, sync
 
 # 04's memory budget: this many times the peak of the plain step at the profile's batch. The doubled
-# batch, checkpointed, must fit under it (Used by: 04 and its checks).
+# batch, checkpointed, must fit under it.
 BUDGET_FACTOR = 1.25
 
 
@@ -46,7 +46,6 @@ class TensorBytes(TorchDispatchMode):
     Only storages *allocated* inside the block count: views, in-place results and tensors
     that existed before (parameters, a batch already loaded) do not. ``live_bytes`` is what is
     still allocated now, ``peak_bytes`` the most that was allocated at once.
-    (Used by: :func:`peak_step_bytes`, notebooks 03 and 04.)
     """
 
     def __init__(self, device_type: str = "cpu"):
@@ -79,7 +78,7 @@ class TensorBytes(TorchDispatchMode):
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """Peak bytes of one call and bytes still held after it (Used by: notebooks 03, 04, 06)."""
+    """Peak bytes of one call and bytes still held after it."""
 
     peak_bytes: int  # most bytes allocated at once during the call, above what it started with
     retained_bytes: int  # bytes the call allocated and did not free (e.g. optimizer state)
@@ -129,18 +128,15 @@ def cpu_allocator_peak(fn: Callable[[], object]) -> Callable[[], int | None]:
     in order, as :class:`TensorBytes` counts storages (only blocks allocated inside the call;
     frees of earlier ones, last step's gradients, left out), they give the allocator's own figure,
     which sees tensors no dispatch mode was shown: a TorchDispatchMode can be switched off around
-    an op, the allocator cannot. (Used by: 04's checks, to cross-check the count where the
-    student's step runs.)
+    an op, the allocator cannot.
     """
     def run() -> int | None:
         import json
         import os
         import tempfile
 
-        from torch.profiler import ProfilerActivity, profile
-
         _spend_the_unknown_block_warning()
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with profiler("cpu", memory=True) as prof:
             fn()
         fd, path = tempfile.mkstemp(suffix=".json")
         os.close(fd)
@@ -178,8 +174,6 @@ def _spend_the_unknown_block_warning() -> None:
     pointed at /dev/null, so no notebook or log shows it."""
     import os
 
-    from torch.profiler import ProfilerActivity, profile
-
     if _warned:
         return
     _warned.append(True)
@@ -187,7 +181,7 @@ def _spend_the_unknown_block_warning() -> None:
     saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(null, 2)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        with profiler("cpu", memory=True):
             del block
     finally:
         os.dup2(saved, 2)
@@ -207,7 +201,7 @@ def _is_parameter_cast(t: torch.Tensor) -> bool:
 
 
 def saved_activation_bytes(fn: Callable[[], object], model: torch.nn.Module | None = None) -> int:
-    """Bytes of activations autograd saves for backward while ``fn()`` runs (Used by: 03, 04).
+    """Bytes of activations autograd saves for backward while ``fn()`` runs.
 
     Each storage counts once (a ReLU output that the next layer also saves is one tensor).
     Parameters, and the low-precision copies of them that autocast saves, do not count: they
@@ -237,7 +231,7 @@ def forward_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
 
     That is what the autograd graph keeps alive for backward, counted the same way whether or not
     the forward is checkpointed: checkpointing's own saved-tensor hooks hide the tensors inside a
-    segment from :func:`saved_activation_bytes`, but not from the allocator (Used by: 04).
+    segment from :func:`saved_activation_bytes`, but not from the allocator.
     """
     device = torch.device(device)
     with TensorBytes(device.type) as counter:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Notebook:
-    """One notebook of the lab (Used by: results, report, grading, the autograder)."""
+    """One notebook of the lab."""
 
     number: str  # "02": the prefix of its file, its checks' ids and its results' stages
     file: str  # "02_data_loading.ipynb"

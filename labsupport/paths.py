@@ -30,14 +30,14 @@ def home() -> Path | None:
 
 
 def results_dir() -> Path:
-    """``LAB_RESULTS``, else ``<lab folder>/results``, else ``./results`` (Used by: results)."""
+    """``LAB_RESULTS``, else ``<lab folder>/results``, else ``./results``."""
     if os.environ.get("LAB_RESULTS"):
         return Path(os.environ["LAB_RESULTS"])
     return (home() or Path(".")) / "results"
 
 
 def report_path() -> Path:
-    """``LAB_REPORT``, else ``<lab folder>/report.html``, else ``./build/report.html`` (Used by: 06)."""
+    """``LAB_REPORT``, else ``<lab folder>/report.html``, else ``./build/report.html``."""
     if os.environ.get("LAB_REPORT"):
         return Path(os.environ["LAB_REPORT"])
     return home() / "report.html" if home() else Path("build") / "report.html"
@@ -65,7 +65,7 @@ def in_colab() -> bool:
 
 
 def use_drive_in_colab() -> Path | None:
-    """In Colab, mount Google Drive and make its lab folder ``LAB_HOME``; return it (Used by: setup).
+    """In Colab, mount Google Drive and make its lab folder ``LAB_HOME``; return it.
 
     Does nothing outside Colab, or where ``LAB_HOME`` is already set. A student who declines
     Drive is told that 06 needs what 01-05 recorded, and how to carry it without Drive.

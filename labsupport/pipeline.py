@@ -34,7 +34,7 @@ LUMA = (0.299, 0.587, 0.114)  # batch_augment's grey for contrast and saturation
 
 
 def naive_transform(image_size: int, augment: bool = True) -> transforms.Compose:
-    """Per-sample PIL augmentation, as in the ImageNet reference recipe (Used by: 01, 02).
+    """Per-sample PIL augmentation, as in the ImageNet reference recipe.
 
     ``augment=False`` gives a deterministic resize and centre crop, so two loaders can be
     compared image for image.
@@ -49,7 +49,7 @@ def naive_transform(image_size: int, augment: bool = True) -> transforms.Compose
 
 
 # A line profiler reports per line of a function's source file, and memory_profiler's cannot read
-# a function defined in a notebook: it needs one in a file, such as this one (Used by: 01).
+# a function defined in a notebook: it needs one in a file, such as this one.
 def transform_by_line(image, steps):
     """The naive transform's five steps (``naive_transform(size).transforms``), one per line."""
     image = steps[0](image)  # RandomResizedCrop
@@ -61,7 +61,7 @@ def transform_by_line(image, steps):
 
 def naive_loader(profile: Profile, *, root: Path | str | None = None, split: str = "train",
                  augment: bool = True, seed: int = 0) -> DataLoader:
-    """The baseline loader: PIL in the main process, no workers, no pinned memory (Used by: 01, 02).
+    """The baseline loader: PIL in the main process, no workers, no pinned memory.
 
     ``root`` defaults to the lab dataset, generated on first use; any ImageFolder tree with
     ``train/`` and ``val/``, or a folder holding CIFAR-10's ``cifar-10-batches-py``, also works.
@@ -177,7 +177,7 @@ def batch_augment(images: torch.Tensor, size: int, generator: torch.Generator | 
     RandomResizedCrop (scale 0.35-1, aspect 3/4-4/3) and the horizontal flip become one affine
     sampling grid per image (``F.affine_grid`` + ``F.grid_sample``, bilinear); ColorJitter's
     brightness, contrast and saturation (0.4 each) become per-image factors. Random numbers come
-    from ``generator`` (on the images' device). Used by: 02 (the student's loader).
+    from ``generator`` (on the images' device).
     """
     n, device = images.shape[0], images.device
     rand = lambda *shape: torch.rand(*shape, device=device, generator=generator)  # noqa: E731

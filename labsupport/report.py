@@ -47,7 +47,7 @@ CASE_STUDY_HARDWARE = "ResNet-50 training on an NVIDIA data-centre GPU (the case
 
 @dataclass
 class Ladder:
-    """The ladder table and what is missing from it (Used by: 06 and the instructor's report)."""
+    """The ladder table and what is missing from it."""
 
     table: pd.DataFrame  # one row per recorded rung, indexed by rung label (what `assemble` built)
     rows: pd.DataFrame = field(default_factory=pd.DataFrame)  # the records behind it: stage, batch, metrics
@@ -67,7 +67,7 @@ def _where(machine: dict) -> str:
 
 def ladder(directory: Path | str | None = None, machine: dict | None = None,
            assemble: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> Ladder:
-    """The ladder from the results store (Used by: 06 and the instructor's reports).
+    """The ladder from the results store.
 
     ``machine`` (default: the baseline's) is the machine every rung must come from; a rung
     recorded elsewhere is left out and listed in ``missing``. ``assemble(rows)`` turns the
@@ -154,7 +154,7 @@ def measure_rung(stage: str, step, loader, lab, *, profile=None, progress: bool 
 
 def measure_here(lab, stages) -> dict[str, str]:
     """Measure the rungs ``stages`` again on this machine, from the student's carried code, and
-    record them; returns ``{stage: what happened}`` (Used by: 06).
+    record them; returns ``{stage: what happened}``.
 
     Rungs measured on different machines do not compare, and Colab gives every notebook a new
     runtime, often another machine: 06 measures each rung recorded elsewhere again here, exactly
@@ -201,7 +201,7 @@ def _png(fig) -> str:
 
 def rung_details(lad: Ladder) -> pd.DataFrame:
     """Per recorded rung: its one change, the rung it builds on, throughput with its spread (from
-    the step times' IQR), step time, peak memory and accuracy (Used by: the report, ``make run``)."""
+    the step times' IQR), step time, peak memory and accuracy."""
     labels = dict(RUNGS)
     rows = []
     for _, rec in lad.rows.iterrows():
@@ -220,7 +220,7 @@ def rung_details(lad: Ladder) -> pd.DataFrame:
 
 
 def roofline(lad: Ladder, device: "torch.device | str", peaks: dict[str, float] | None = None) -> pd.DataFrame:
-    """How close each rung's step runs to what ``device`` can do (Used by: ``make run``, the report).
+    """How close each rung's step runs to what ``device`` can do.
 
     Per recorded rung: the FLOPs of one training image (:func:`train.step_flops`, counted on the
     step itself), times its images/s, against the achievable peak of a dense matmul in the rung's
@@ -375,7 +375,6 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
     (``checks``, default: every notebook's kept table in the results store); the written
     ``analysis`` (default: read from ``06_report.ipynb`` beside the kernel); missing stages.
     Tables are HTML and plots PNG data URIs: the page opens offline, anywhere, at any width.
-    Used by: 06 and the instructor's reports.
     """
     from .grading import kept_checks
 
@@ -448,7 +447,7 @@ INFERENCE_NOTE = ("Not a rung of the ladder: inference, not training. Measured o
 
 def inference(directory: Path | str | None = None) -> pd.DataFrame | str:
     """07's table (fp32, pruned, int8: size, latency percentiles, accuracy), or a sentence saying
-    which notebook records it (Used by: export_html, 07)."""
+    which notebook records it."""
     try:
         rec = results.load(INFERENCE_STAGE, Path(directory) if directory else None)
     except results.ResultsError as err:
@@ -464,8 +463,6 @@ def figure_html(fig, alt: str) -> str:
 
 def write_page(path: Path | str, title: str, parts: list[str]) -> Path:
     """Write one self-contained HTML page of ``parts`` (HTML snippets) with the report's style.
-
-    Used by: export_html and the instructor's class summary (autograder/reports.py).
     """
     style = ("body{font-family:system-ui,sans-serif;max-width:60em;margin:1em auto;padding:0 1em;color:#222}"
              ".scroll{overflow-x:auto}table{border-collapse:collapse;margin:1em 0}"
@@ -482,7 +479,7 @@ def write_page(path: Path | str, title: str, parts: list[str]) -> Path:
 
 
 def default_path() -> Path:
-    """Where the notebook's HTML report goes (:func:`labsupport.paths.report_path`; Used by: 06)."""
+    """Where the notebook's HTML report goes (:func:`labsupport.paths.report_path`)."""
     from .paths import report_path
 
     return report_path()

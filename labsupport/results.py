@@ -24,7 +24,7 @@ class ResultsError(RuntimeError):
 
 def results_dir() -> Path:
     """Where results are kept: ``LAB_RESULTS``, the lab folder's ``results/`` or ``./results``
-    (:func:`labsupport.paths.results_dir`; Used by: every notebook)."""
+    (:func:`labsupport.paths.results_dir`;"""
     from .paths import results_dir as where
 
     return where()
@@ -82,7 +82,7 @@ def record(stage: str, metrics: dict, *, config=None, machine=None, profile=None
 
 
 def load(stage: str, directory: Path | None = None) -> dict:
-    """One stage's record; a clear error naming the notebook if it is missing (Used by: 06)."""
+    """One stage's record; a clear error naming the notebook if it is missing."""
     folder = Path(directory) if directory else results_dir()
     path = folder / f"{stage}.json"
     if not path.exists():
@@ -114,7 +114,7 @@ def stages(directory: Path | None = None) -> list[str]:
 
 
 def load_all(directory: Path | None = None, required: list[str] | tuple[str, ...] = ()) -> pd.DataFrame:
-    """Every recorded stage as one row, metrics as columns (Used by: 06_report).
+    """Every recorded stage as one row, metrics as columns.
 
     Columns: ``stage``, ``notebook``, ``recorded_at``, ``device_class``, ``device_name``, then
     one column per metric. ``required`` stages that are missing raise one error listing them all.

@@ -173,7 +173,7 @@ def make_step(config: StepConfig = StepConfig(), device: torch.device | str = "c
 
 def pipeline_step(batches: Iterator, step: TrainStep, *, non_blocking: bool = False,
                   item_every_step: bool = True) -> Callable[[], float | torch.Tensor]:
-    """A zero-argument end-to-end step: wait for a batch, copy it, train (Used by: 01, 02, 06).
+    """A zero-argument end-to-end step: wait for a batch, copy it, train.
 
     ``item_every_step=True`` is the naive habit of logging ``loss.item()`` every step, which
     makes the host wait for the device at every step.
@@ -187,7 +187,7 @@ def pipeline_step(batches: Iterator, step: TrainStep, *, non_blocking: bool = Fa
 
 def phase_breakdown(batches: Iterator, step: TrainStep, *, steps: int, warmup: int = 1,
                     non_blocking: bool = False) -> dict[str, list[float]]:
-    """Milliseconds per phase for each of ``steps`` steps (Used by: 01, 02; see PhaseClock).
+    """Milliseconds per phase for each of ``steps`` steps (see PhaseClock).
 
     Returns ``{phase: [ms per step]}`` for the phases in :data:`PHASES`, for the lab's update and
     a student's alike (hooks stamp a student's update: see :func:`_phase_hooks`).
@@ -223,9 +223,8 @@ def evaluate(step: TrainStep, loader) -> float:
 
 
 def grads_and_stats(net: nn.Module, model: nn.Module, images: torch.Tensor, labels: torch.Tensor):
-    """One backward through ``net``: ``(gradients of model's parameters, BatchNorm running stats)``.
-
-    Used by: 04 (a checkpointed network must give the plain one's gradients and statistics).
+    """One backward through ``net``: ``(gradients of model's parameters, BatchNorm running stats)``;
+    a checkpointed network must give the plain one's.
     """
     model.zero_grad(set_to_none=True)
     F.cross_entropy(net(images), labels).backward()
@@ -237,7 +236,7 @@ def grads_and_stats(net: nn.Module, model: nn.Module, images: torch.Tensor, labe
 def step_flops(image_size: int, batch_size: int = 1, num_classes: int = 10) -> int:
     """FLOPs of one training step of the lab's ResNet-18 on ``batch_size`` images of ``image_size``
     px: forward and backward, counted by ``torch.utils.flop_counter.FlopCounterMode`` on the
-    step itself, run on the meta device (shapes only, nothing computed) (Used by: report.roofline).
+    step itself, run on the meta device (shapes only, nothing computed).
 
     What it counts: the matmuls and convolutions (2 FLOPs per multiply-add), forward and backward;
     the first convolution computes no gradient for the images. What it does not: elementwise
@@ -260,7 +259,7 @@ def step_flops(image_size: int, batch_size: int = 1, num_classes: int = 10) -> i
 
 
 def group_norm_resnet(seed: int = 0) -> nn.Module:
-    """ResNet-18 with GroupNorm in place of BatchNorm (Used by: 04's accumulation check).
+    """ResNet-18 with GroupNorm in place of BatchNorm.
 
     BatchNorm normalises with the statistics of the batch it sees, so k micro-batches are not the
     same computation as one large batch; a per-sample norm makes accumulation exactly equal.
@@ -286,7 +285,7 @@ def parity_run(step: TrainStep, train_images, train_labels, val_images, val_labe
     accuracy (None without ``validate``).
 
     Data order and flips come from ``seed``, so two steps trained with the same seed see the same
-    batches. Used by: the 03 accuracy check, notebook 03, and 07's training and fine-tune.
+    batches.
     """
     sched = torch.optim.lr_scheduler.OneCycleLR(step.optimizer, max_lr=max_lr,
                                                 total_steps=steps, pct_start=0.25)
@@ -308,7 +307,7 @@ def parity_run(step: TrainStep, train_images, train_labels, val_images, val_labe
 
 
 def inference_setup(device: torch.device, images: torch.Tensor, dtype: torch.dtype | None, seed: int = 0):
-    """A seeded ResNet-18 for inference, the batch on the device, and its autocast (Used by: 05).
+    """A seeded ResNet-18 for inference, the batch on the device, and its autocast.
 
     Returns ``(model, images, autocast)``: the model in eval mode and channels_last, and autocast
     to ``dtype`` (your 03 precision choice), or off for float32 when ``dtype`` is None.
@@ -322,7 +321,7 @@ def inference_setup(device: torch.device, images: torch.Tensor, dtype: torch.dty
 
 @contextlib.contextmanager
 def exact_fp32():
-    """float32 matmuls and convolutions in full float32 on CUDA: TF32 off, then restored (Used by: 04, checks).
+    """float32 matmuls and convolutions in full float32 on CUDA: TF32 off, then restored.
 
     On Ampere and newer GPUs cuDNN convolutions run in TF32 by default (10-bit mantissa), so two
     mathematically equal float32 computations, such as a checkpointed and a plain backward, can

@@ -55,7 +55,7 @@ REASONS = ("pass", "n/a", "below bar", "incorrect", "not optimised", "not measur
 
 @dataclass(frozen=True)
 class CheckResult:
-    """The outcome of one graded check (Used by: every notebook's self-check and test cells)."""
+    """The outcome of one graded check."""
 
     check: str  # the check's id in thresholds.toml, e.g. "02-loader-speedup"
     measured: float | None  # what was measured just now (None if the check did not apply or ran)
@@ -81,7 +81,7 @@ class CheckResult:
         return self.status in ("pass", "n/a")
 
     def require(self) -> None:
-        """Raise AssertionError saying what was measured and what to fix, unless passed (Used by: test cells)."""
+        """Raise AssertionError saying what was measured and what to fix, unless passed."""
         if not self.passed:
             measured = "nothing" if self.measured is None else f"{self.measured:.3g}"
             bar = "" if self.threshold is None else \
@@ -258,7 +258,7 @@ def passes(measured: float, threshold: float, better: str) -> bool:
 
 
 def fresh() -> ModuleType:
-    """A private copy of labsupport, loaded from its source files (Used by: every graded check).
+    """A private copy of labsupport, loaded from its source files.
 
     Graded checks measure with this copy, so a notebook cell that replaced a labsupport function
     (``ls.measure.compare = ...``) cannot change what is measured.
@@ -392,7 +392,7 @@ def process_start_s() -> float | None:
 
 def written_now(path: Path, cell: str) -> Path:
     """``path``, checked to exist and to have been written by this kernel; else a StudentCodeError
-    naming ``cell``, the cell that writes it (Used by: 06's report check)."""
+    naming ``cell``, the cell that writes it."""
     if not path.is_file():
         raise StudentCodeError(f"{path} does not exist: run {cell}, which writes it.")
     started = process_start_s()
@@ -549,8 +549,7 @@ def keep_checks(number: str, found) -> Path:
     """Write notebook ``number``'s checks, as just measured, to ``<results>/checks/<NN>.json``: the
     table's rows and each check's reason (:data:`REASONS`). A notebook that grades its checks in
     two calls (03: the accuracy where it is taught, the rest at the end) keeps both: rows of checks
-    not measured now stay. (Used by: run; the report shows the tables of every notebook, and
-    ``make run`` tells a missed bar from broken code by the reasons.)"""
+    not measured now stay."""
     import json
 
     from .. import results
@@ -573,7 +572,7 @@ def keep_checks(number: str, found) -> Path:
 
 
 def kept_checks(directory: Path | None = None) -> pd.DataFrame:
-    """Every notebook's kept checks table, one row per check, in notebook order (Used by: the report)."""
+    """Every notebook's kept checks table, one row per check, in notebook order."""
     import json
 
     from .. import results

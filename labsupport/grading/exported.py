@@ -1,5 +1,5 @@
 """A model as data: the operators its forward runs and the tensors they read, rebuilt from an
-allowlist (Used by: 07's int8 checks, in the notebook and in the grader's judge).
+allowlist.
 
 07 grades a model the student's ``quantize_int8`` made. The grader's judge runs no student code,
 so the student's worker exports that model (``torch.export``: one traced forward, ATen operators

@@ -244,14 +244,16 @@ def trace(namespace, lab, sides=None):
                   note=why or "every phase of one step is labelled, in order, around the work it names")]
 
 
-# The profile the check takes: a warm-up, then two steps recorded, as 01's profiler cell does.
-PROFILE_CALLS, PROFILE_SCHEDULE = 4, dict(wait=1, warmup=1, active=2)
+# The profile the check takes, as 01's profiler cell does with torch.profiler.schedule(wait=1,
+# warmup=1, active=2): two calls not recorded, then two recorded, each its own ProfilerStep.
+PROFILE_SKIPPED, PROFILE_RECORDED = 2, 2
 
 
 def profile_labelled(fn: Callable, lab) -> dict:
-    """``fn(batches, step)`` (the student's ``labelled_step``) called PROFILE_CALLS times under
-    torch.profiler with PROFILE_SCHEDULE, given the naive loader's batches and a fresh fp32 step of
-    the lab's: ``{"events": [(name, is a record_function label, start µs, end µs)] of the recorded
+    """``fn(batches, step)`` (the student's ``labelled_step``) called PROFILE_SKIPPED times, then
+    PROFILE_RECORDED times under the profiler (:func:`measure.profiler`), each call a
+    ``ProfilerStep#N`` as torch.profiler's schedule labels it, given the naive loader's batches and
+    a fresh fp32 step of the lab's: ``{"events": [(name, is a record_function label, start µs, end µs)] of the recorded
     steps, "drawn": batches each call took, "moved": whether the step's weights changed}``."""
     step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
     source = pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed))
@@ -263,24 +265,26 @@ def profile_labelled(fn: Callable, lab) -> dict:
             yield batch
 
     feed, before = batches(), [p.detach().clone() for p in step.model.parameters()]
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if lab.device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
     drawn = []
-    with torch.profiler.profile(activities=activities,
-                                schedule=torch.profiler.schedule(**PROFILE_SCHEDULE)) as prof:
-        for _ in range(PROFILE_CALLS):
-            was = taken[0]
-            fn(feed, step)
-            measure.sync(lab.device)
-            drawn.append(taken[0] - was)
-            prof.step()
+
+    def call():
+        was = taken[0]
+        fn(feed, step)
+        measure.sync(lab.device)
+        drawn.append(taken[0] - was)
+
+    for _ in range(PROFILE_SKIPPED):
+        call()
+    with measure.profiler(lab.device) as prof:
+        for i in range(PROFILE_RECORDED):
+            with torch.profiler.record_function(f"ProfilerStep#{PROFILE_SKIPPED + i}"):
+                call()
     moved = any(not torch.equal(a, b.detach()) for a, b in zip(before, step.model.parameters()))
     # What the checks read, and no more: the host's operators and labels (not the GPU's kernels,
     # whose long names would crowd the judge's wire), labels and the operators that name work.
     keys = ("conv",) + tuple(k for work in PHASE_WORK.values() for k in work)
     events = [(str(e.name)[:120], bool(e.is_user_annotation), float(e.time_range.start), float(e.time_range.end))
-              for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU
+              for e in prof.function_events if e.device_type == torch.autograd.DeviceType.CPU
               and (e.is_user_annotation or any(k in str(e.name).lower() for k in keys))]
     return {"events": events, "drawn": drawn, "moved": moved}
 
@@ -372,10 +376,7 @@ def _decoy_workload() -> Callable[[], None]:
 def _profiled(fn: Callable[[], object], device: torch.device, steps: int = 1):
     """``key_averages()`` of ``steps`` calls of ``fn``, after one unprofiled warm-up call."""
     fn()
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with measure.profiler(device) as prof:
         for _ in range(steps):
             fn()
         measure.sync(device)

@@ -41,7 +41,7 @@ def stages(namespace, lab, sides=None):
 
 
 def crafted_results() -> pd.DataFrame:
-    """Results rows with known answers, some cells missing (Used by: the 06 checks and their tests)."""
+    """Results rows with known answers, some cells missing."""
     rows = [("01-baseline", 40.0, 300e6, None), ("02-data", 50.0, 300e6, None), ("03-amp", 80.0, 200e6, 0.93),
             ("04-memory", 84.0, 250e6, None), ("05-compile", 76.0, None, None)]
     return pd.DataFrame([{"stage": s, "samples_per_s": t, "peak_bytes": p, "accuracy": a} for s, t, p, a in rows])

@@ -1,7 +1,7 @@
 """Correctness partners shared by the graded checks: each returns ``(ok, why-not)``.
 
 A fast but wrong answer must fail, so every speed or memory check pairs its measurement with one
-of these (Used by: the graded checks of 02, 03, 04 and 06).
+of these.
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ import torch
 
 
 def same_batches(reference, candidate, max_batches: int | None = None) -> tuple[bool, str]:
-    """True if two loaders yield identical images and labels, batch for batch (augmentation off).
-
-    Used by: the 02 loader check (a fast loader must deliver the naive loader's data).
-    """
+    """True if two loaders yield identical images and labels, batch for batch (augmentation off):
+    a fast loader must deliver the naive loader's data."""
     ref_it, cand_it = iter(reference), iter(candidate)
     for i in itertools.count():
         if max_batches is not None and i >= max_batches:
@@ -38,10 +36,8 @@ def same_batches(reference, candidate, max_batches: int | None = None) -> tuple[
 
 
 def same_epoch_labels(expected, seen, batch_size: int) -> tuple[bool, str]:
-    """True if one epoch saw every sample's label once, up to a dropped last partial batch.
-
-    Used by: the 02 loader check (an augmenting, shuffling loader must still see every sample).
-    """
+    """True if one epoch saw every sample's label once, up to a dropped last partial batch: an
+    augmenting, shuffling loader must still see every sample."""
     expected = torch.as_tensor(expected).flatten()
     seen = torch.as_tensor(seen).flatten()
     n_classes = int(max(expected.max(), seen.max() if seen.numel() else 0)) + 1
@@ -60,7 +56,7 @@ def step_trains(step, images, labels, steps: int = 3) -> tuple[bool, str]:
     Catches a step that skips backward or the optimizer, one that trains only some layers (the
     last one, say), and an fp16 step without a scaler whose overflowing gradients write inf/NaN
     into the weights. Every parameter of the lab's ResNet-18 gets a gradient from every batch, so
-    a step that trains changes them all. Used by: the 03, 04 and 06 checks.
+    a step that trains changes them all.
     """
     params = list(step.model.parameters())  # all of them: a step may not freeze layers either
     before = [p.detach().clone() for p in params]
@@ -136,7 +132,7 @@ def paired_with_sources(loader, sources: torch.Tensor, labels: torch.Tensor,
     images (N x 3 x H x W, the naive loader's evaluation transform) with their ``labels``.
 
     Catches a loader that pairs images with the wrong labels, and one that decodes at a lower
-    resolution and resizes up to the right shape. Used by: the 02 loader check.
+    resolution and resizes up to the right shape.
     """
     keys = _fingerprints(sources)
     for i, (x, y) in enumerate(loader):
@@ -171,7 +167,6 @@ class EpochRecorder:
     afterwards with :meth:`problems`. One buffer, not the yielded tensors: keeping 150 small
     label tensors alive made each epoch of 02's reference loader 30% slower (0.66 s to 0.87 s at
     64 px, class cpu; the allocator can no longer hand a freed batch's memory back).
-    Used by: the 02 check.
     """
 
     def __init__(self, loader):
@@ -316,7 +311,7 @@ class FromOneStart:
     update is the learning rate times this call's gradient. ``batch`` is one ``(images,
     labels)`` for every call (03, 04), or a function giving the next one (06: the student's
     loader). Both sides pay the same small cost on the clock (at 64 px on 2 cores about 1% of a
-    step); nothing here synchronises the device. Used by: the 03, 04 and 06 checks.
+    step); nothing here synchronises the device.
 
     Calling it runs one step (:meth:`run`) and samples its update at positions drawn from ``seed``
     and the call's number, the same for both sides. The grader's judge calls the two halves

@@ -1,5 +1,5 @@
 """How the judge and a worker talk: small JSON messages over two pipes, tensors through a sealed
-shared-memory buffer the judge owns (Used by: :mod:`.judging` and :mod:`.worker`).
+shared-memory buffer the judge owns.
 
 Nothing on this wire is pickled, imported or executed. A message is a 4-byte length and a JSON
 object of at most :data:`MESSAGE_BYTES`; a reply that carries tensors lists each one's dtype,
