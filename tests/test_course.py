@@ -145,12 +145,16 @@ def test_the_setup_cell_keeps_an_old_torch_and_says_what_to_do(monkeypatch):
 
 def test_registry_masters_grading_modules_and_thresholds_agree():
     """A graded notebook is one row of labsupport/notebooks.py, one master with graded test cells,
-    one module of labsupport/grading registering its checks, and a bar per check in
-    thresholds.toml: each of them names the same notebooks and the same checks, so a notebook
-    left half-added fails here, saying where."""
+    one module of labsupport/grading registering its checks (and declaring its ``RUNG`` where the
+    row names a stage), and a bar per check in thresholds.toml: each of them names the same
+    notebooks and the same checks, so a notebook left half-added fails here, saying where."""
     import tomllib
 
     from labsupport import grading, notebooks
+    from labsupport.grading import rungs
+
+    for nb in notebooks.NOTEBOOKS:  # a stage without a RUNG raises, naming the module
+        assert (rungs.of(nb.number) is not None) == (nb.stage is not None), nb.number
 
     graded = [nb.number for nb in notebooks.NOTEBOOKS if nb.graded]
     assert [m.stem[:2] for m in course.graded_masters()] == graded, (

@@ -33,6 +33,7 @@ import torch
 
 from .. import measure, pipeline, train
 from . import StudentCodeError, judge, register, student
+from .rungs import Rung
 
 
 class _KnownWorkload:
@@ -425,3 +426,13 @@ def top_operators(namespace, lab, sides=None):
     problems = [p for p in problems if p]
     return [judge("01-top-operators", 1 - len(problems) / 2, lab,
                   note="; ".join(problems) or "the profiler's top operators by self time, on both profiles")]
+
+
+# --- 01's rung: the naive baseline, no student code -----------------------------------------------
+
+def _baseline(code, lab):
+    return (pipeline.naive_loader(lab.profile, seed=lab.seed),
+            train.make_step(train.StepConfig(), lab.device, seed=lab.seed))
+
+
+RUNG = Rung(_baseline)

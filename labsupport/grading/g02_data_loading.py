@@ -19,6 +19,7 @@ import torch
 
 from .. import measure, pipeline, train
 from . import partners, register, speed, student
+from .rungs import Rung, measured
 
 # The first augmented training batches checked against the dataset's images (a loader that skips
 # augmentation serves them exactly).
@@ -125,3 +126,12 @@ def loader(namespace, lab, sides=None):
     return [faster, wait]
 
 
+# --- 02's rung: the student's loader feeding the lab's fp32 step ------------------------------------
+
+def _with_their_loader(code, lab):
+    return (student(code("02"), "make_fast_loader", "02")(lab),
+            train.make_step(train.StepConfig(), lab.device, seed=lab.seed))
+
+
+RUNG = Rung(_with_their_loader, extras=lambda found, lab: {
+    "loader_speedup": measured(found, "02-loader-speedup"), "data_wait_share": measured(found, "02-data-wait-share")})

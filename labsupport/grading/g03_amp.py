@@ -25,6 +25,7 @@ import torch
 
 from .. import measure, memory, pipeline, train
 from . import CheckResult, StudentCodeError, judge, one_batch, partners, register, speed, student
+from .rungs import Rung, measured
 
 
 def amp_step(fn: Callable, dtype: torch.dtype | None, channels_last: bool, device: torch.device,
@@ -280,3 +281,23 @@ def fp16_scaler(namespace, lab, sides=None):
         ok, why = trains(held, steps=5)
     return [judge("03-fp16-scaler", float(ok), lab, correct=ok, why_incorrect=why,
                           note="" if ok else why)]
+
+
+# --- 03's rung: their loader feeding their precision choice and mixed-precision step ---------------
+
+def rung_step(amp_code: dict, lab, compiled: bool = False) -> train.TrainStep:
+    """03's rung step, and compiled 05's: the student's 03 step (``amp_code``: 03's code) in their
+    03 precision."""
+    update = student(amp_code, "amp_train_step", "03")
+    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
+    return amp_step(update, dtype, channels_last, lab.device, seed=lab.seed, compiled=compiled)
+
+
+def _extras(found, lab) -> dict:
+    accuracy = found["03-accuracy-gap"].details if "03-accuracy-gap" in found else {}
+    return {"step_speedup": measured(found, "03-amp-speedup"), "activation_ratio": measured(found, "03-activation-ratio"),
+            "accuracy_fp32": accuracy.get("accuracy_fp32"), "accuracy": accuracy.get("accuracy")}
+
+
+RUNG = Rung(lambda code, lab: (student(code("02"), "make_fast_loader", "02")(lab), rung_step(code("03"), lab)),
+            extras=_extras, in_worker=True)

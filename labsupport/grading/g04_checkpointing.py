@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 from .. import measure, memory, train
 from . import StudentCodeError, judge, one_batch, partners, register, speed, student
-from .g03_amp import timed_calls
+from .g03_amp import precision, timed_calls
+from .rungs import Rung, measured
 
 
 def segments_of(namespace) -> int:
@@ -452,3 +453,22 @@ def accumulation(namespace, lab, sides=None):
                        f"({(one_seen - one) / 2**20:.0f} MiB): the count missed tensors your step holds")
     return [judge("04-accum-match", float(not why), lab, correct=not why,
                   why_incorrect=why, note="" if why else note)]
+
+
+# --- 04's rung: their checkpointing around their 03 step, spent on a doubled batch -----------------
+
+def rung_step(namespace: dict, amp_code: dict, lab) -> train.TrainStep:
+    """04's rung step: the student's checkpointing (``checkpointed``, ``SEGMENTS`` in ``namespace``)
+    around their 03 step in their 03 precision, at ``lab``'s batch (the rung's: twice the profile's)."""
+    update = student(amp_code, "amp_train_step", "03")
+    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
+    wrap, segments = student(namespace, "checkpointed", "04"), namespace.get("SEGMENTS")
+    config = train.StepConfig(amp_dtype=str(dtype).removeprefix("torch.") if dtype else None,
+                              channels_last=channels_last, checkpoint_segments=int(segments or 0),
+                              batch_size=lab.profile.batch_size)
+    return train.make_step(config, lab.device, seed=lab.seed, update=update, wrap=lambda model: wrap(model, segments))
+
+
+RUNG = Rung(lambda code, lab: (student(code("02"), "make_fast_loader", "02")(lab), rung_step(code("04"), code("03"), lab)),
+            extras=lambda found, lab: {"batch_size": lab.profile.batch_size, "peak_ratio": measured(found, "04-peak-ratio")},
+            in_worker=True, batch_factor=2, counts_peak=True)

@@ -17,7 +17,8 @@ import torch
 
 from .. import hardware, measure, train
 from . import CheckResult, StudentCodeError, carried, judge, one_batch, register, speed, student
-from .g03_amp import precision
+from .g03_amp import precision, rung_step
+from .rungs import Rung, measured
 
 
 class Inference:
@@ -182,3 +183,10 @@ def _break_even_errors(answer, cases) -> list[str]:
         if not (got == want or (math.isfinite(want) and abs(got - want) <= 0.01 * want + 1)):
             wrong.append(f"break_even_steps({c:.1f}, {e:.1f}, {k:.1f}) = {got:.4g}, expected {want:.4g}")
     return wrong
+
+
+# --- 05's rung: their 03 step, compiled, fed by their loader -----------------------------------------
+
+RUNG = Rung(lambda code, lab: (student(code("02"), "make_fast_loader", "02")(lab), rung_step(code("03"), lab, compiled=True)),
+            extras=lambda found, lab: {"inference_speedup": measured(found, "05-compile-speedup")},
+            in_worker=True, compiled=True)

@@ -586,29 +586,25 @@ def buffer_bytes(profile, number: str = "") -> int:
 
 
 def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> dict | None:
-    """Notebook ``number``'s rung: 01's in the judge (the naive step: no student code), 02's too
-    (the student's loader, in their worker, feeding the judge's own fp32 step); 03's, 04's and
-    05's whole step in their worker, timed from here (04's at twice the batch, its peak counted
-    by the worker)."""
-    import dataclasses
-
+    """Notebook ``number``'s rung (its grading module's ``RUNG``): one with no student code in its
+    step is measured here (01's naive step; 02's loader in their worker, feeding the judge's own
+    fp32 step); one whose step is the student's is built in their worker and timed from here (at
+    the rung's batch, its peak counted by the worker where the rung's point is memory)."""
     from labsupport import train
 
     from . import rungs
 
-    if number not in ("03", "04", "05"):
+    rung = rungs.of(number)
+    if rung is None or not rung.in_worker:
         return rungs.measure(number, namespace, lab, found)
     config = student.request("rung")["config"]
-    compiled = number == "05"
     try:  # what the worker says its step is: a description only (the timing is the judge's)
-        config = train.StepConfig(**{k: v for k, v in config.items() if k != "compiled"}, compiled=compiled)
+        config = train.StepConfig(**{k: v for k, v in config.items() if k != "compiled"}, compiled=rung.compiled)
     except TypeError:
-        config = train.StepConfig(compiled=compiled)
-    if number == "04":
-        lab = dataclasses.replace(lab, profile=dataclasses.replace(lab.profile, batch_size=2 * lab.profile.batch_size))
-    return rungs.measure_timed(number, lambda: student.request("rung_step"), config, lab, found,
+        config = train.StepConfig(compiled=rung.compiled)
+    return rungs.measure_timed(number, lambda: student.request("rung_step"), config, rungs.rung_lab(rung, lab), found,
                                wait=lambda: student.request("rung_batch"),
-                               peak=(lambda: student.request("rung_peak")["bytes"]) if number == "04" else None)
+                               peak=(lambda: student.request("rung_peak")["bytes"]) if rung.counts_peak else None)
 
 
 def _decide(number: str, found: dict, out: dict) -> None:

@@ -1,10 +1,13 @@
 """Each notebook's rung of 06's ladder, measured by the grader from the student's carried code.
 
-A notebook records its rung in a cell the student can edit; the verdict process
-(:mod:`.verdict`) measures it again, from the code the notebook's checks carried forward, into
-the grader's own results store. 06's checks read only that store, so a rung typed, edited or
-written by hand in the student's kernel is never graded. The steps are the ones the notebooks
-build (the same ``measure_rung``):
+A notebook records its rung in a cell the student can edit; the grader measures it again, from
+the code the notebook's checks carried forward, into its own results store. 06's checks read only
+that store, so a rung typed, edited or written by hand in the student's kernel is never graded.
+
+Each grading module whose notebook records a rung (a ``stage`` in labsupport/notebooks.py) says
+how it is built, as its ``RUNG`` (a :class:`Rung`); this module measures any of them the same
+way, as the notebooks do (the same ``measure_rung``), and the judge drives the ones whose step
+runs the student's code from outside (:mod:`.judging`, :mod:`.worker`). Today's rungs:
 
 - 01: the naive baseline (naive loader, fp32 step, ``loss.item()`` every step);
 - 02: the student's loader feeding the fp32 step;
@@ -16,37 +19,67 @@ build (the same ``measure_rung``):
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from dataclasses import dataclass
 from collections.abc import Callable
 
 from .. import notebooks, report, train
-from . import CheckResult, carried, student
-from .g03_amp import amp_step, precision
+from . import CheckResult, carried, module_name
 
 
-def _measured(found: dict[str, CheckResult], check: str) -> float | None:
+def measured(found: dict[str, CheckResult], check: str) -> float | None:
+    """What ``check`` measured, if it ran (recorded beside a rung)."""
     result = found.get(check)
     return None if result is None else result.measured
 
 
-def step_03(amp_code: dict, lab, compiled: bool = False) -> train.TrainStep:
-    """03's rung step, and compiled 05's: the student's 03 step (``amp_code``: 03's carried code)
-    in their 03 precision."""
-    update = student(amp_code, "amp_train_step", "03")
-    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
-    return amp_step(update, dtype, channels_last, lab.device, seed=lab.seed, compiled=compiled)
+@dataclass(frozen=True)
+class Rung:
+    """How the grader measures one notebook's rung (the notebook's grading module declares it as
+    ``RUNG``)."""
+
+    # (code, lab) -> (loader, step): code(number) is that notebook's graded code as a dict (this
+    # notebook's own, or what an earlier one carried forward); lab is the rung's own.
+    build: Callable[[Callable[[str], dict], object], tuple[object, train.TrainStep]]
+    # (found, lab) -> what is recorded beside the rung, from this notebook's checks
+    extras: Callable[[dict, object], dict] = lambda found, lab: {}
+    in_worker: bool = False  # the step runs the student's code: in their worker, timed by the judge
+    batch_factor: int = 1  # the rung's batch, in the profile's batches (04: twice, its point)
+    counts_peak: bool = False  # the worker counts one step's peak memory (the rung's point is memory)
+    compiled: bool = False  # the step is compiled (the worker starts Dynamo afresh first)
 
 
-def step_04(namespace: dict, amp_code: dict, lab) -> tuple[train.TrainStep, object]:
-    """04's rung step: the student's checkpointing (``checkpointed``, ``SEGMENTS`` in ``namespace``)
-    around their 03 step in their 03 precision, at twice the batch; and the lab at that batch."""
-    update = student(amp_code, "amp_train_step", "03")
-    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
-    wrap, segments = student(namespace, "checkpointed", "04"), namespace.get("SEGMENTS")
-    batch = 2 * lab.profile.batch_size
-    config = train.StepConfig(amp_dtype=str(dtype).removeprefix("torch.") if dtype else None,
-                              channels_last=channels_last, checkpoint_segments=int(segments or 0), batch_size=batch)
-    step = train.make_step(config, lab.device, seed=lab.seed, update=update, wrap=lambda model: wrap(model, segments))
-    return step, dataclasses.replace(lab, profile=dataclasses.replace(lab.profile, batch_size=batch))
+def of(number: str) -> Rung | None:
+    """Notebook ``number``'s rung (None where it records none)."""
+    if notebooks.get(number).stage is None:
+        return None
+    module = importlib.import_module(f".{module_name(number)}", __package__)
+    if not isinstance(getattr(module, "RUNG", None), Rung):
+        raise ValueError(f"notebook {number} records stage {notebooks.get(number).stage}, "
+                         f"but {module.__name__} declares no RUNG")
+    return module.RUNG
+
+
+def rung_lab(rung: Rung, lab):
+    """``lab`` at the rung's batch."""
+    if rung.batch_factor == 1:
+        return lab
+    return dataclasses.replace(lab, profile=dataclasses.replace(
+        lab.profile, batch_size=rung.batch_factor * lab.profile.batch_size))
+
+
+def code_of(namespace: dict, number: str, lab) -> Callable[[str], dict]:
+    """The ``code(n)`` a rung is built from: ``namespace`` for notebook ``number``, what an earlier
+    notebook's checks carried forward for the others."""
+    return lambda n: namespace if n == number else vars(carried(n, lab))
+
+
+def build(number: str, namespace: dict, lab) -> tuple[object, train.TrainStep, object]:
+    """Notebook ``number``'s rung as ``(loader, step, the rung's lab)``."""
+    rung = of(number)
+    at = rung_lab(rung, lab)
+    loader, step = rung.build(code_of(namespace, number, lab), at)
+    return loader, step, at
 
 
 def measure_timed(number: str, step: Callable[[], object], config: train.StepConfig, lab,
@@ -78,12 +111,7 @@ def measure_timed(number: str, step: Callable[[], object], config: train.StepCon
             waits.append(1e3 * (time.perf_counter() - started))
             step()
         metrics["phases_ms"] = {"data wait": statistics.median(waits)}
-    accuracy = found["03-accuracy-gap"].details if "03-accuracy-gap" in found else {}
-    extra = {"03": {"step_speedup": _measured(found, "03-amp-speedup"),
-                    "activation_ratio": _measured(found, "03-activation-ratio"),
-                    "accuracy_fp32": accuracy.get("accuracy_fp32"), "accuracy": accuracy.get("accuracy")},
-             "04": {"batch_size": profile.batch_size, "peak_ratio": _measured(found, "04-peak-ratio")},
-             "05": {"inference_speedup": _measured(found, "05-compile-speedup")}}.get(number, {})
+    extra = of(number).extras(found, lab)
     if peak is not None:
         metrics.update(peak_bytes=float(peak()), peak_counted_by="the worker running the student's step")
     metrics.update(**extra, timed_by="the grader's judge, from outside", change=nb.change, builds_on=nb.builds_on)
@@ -92,44 +120,15 @@ def measure_timed(number: str, step: Callable[[], object], config: train.StepCon
 
 
 def measure(number: str, namespace: dict, lab, found: dict[str, CheckResult]) -> dict | None:
-    """Measure and record notebook ``number``'s rung with the student's code (None for 06).
+    """Measure and record notebook ``number``'s rung with the student's code (None where it has none).
 
     ``namespace`` holds the notebook's own graded functions; earlier notebooks' come from the
-    results store (carried forward by their verdicts). ``found`` are this notebook's verdicts,
+    results store (carried forward by their checks). ``found`` are this notebook's verdicts,
     whose measurements are recorded beside the rung. Raises whatever the student's code raises.
     """
-    nb = notebooks.get(number)
-    if nb.stage is None:
+    rung = of(number)
+    if rung is None:
         return None
-    device, seed, profile = lab.device, lab.seed, lab.profile
-    fp32 = lambda: train.make_step(train.StepConfig(), device, seed=seed)  # noqa: E731
-    if number == "01":
-        from .. import pipeline
-
-        return report.measure_rung(nb.stage, fp32(), pipeline.naive_loader(profile, seed=seed), lab,
-                                   progress=False)
-    loader = (student(namespace, "make_fast_loader", "02") if number == "02"
-              else carried("02", lab).make_fast_loader)
-    if number == "02":
-        return report.measure_rung(nb.stage, fp32(), loader(lab), lab, progress=False,
-                                   loader_speedup=_measured(found, "02-loader-speedup"),
-                                   data_wait_share=_measured(found, "02-data-wait-share"))
-    amp_code = namespace if number == "03" else vars(carried("03", lab))
-    update = student(amp_code, "amp_train_step", "03")
-    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
-    if number == "03":
-        accuracy = found["03-accuracy-gap"].details if "03-accuracy-gap" in found else {}
-        return report.measure_rung(nb.stage, amp_step(update, dtype, channels_last, device, seed=seed),
-                                   loader(lab), lab, progress=False,
-                                   step_speedup=_measured(found, "03-amp-speedup"),
-                                   activation_ratio=_measured(found, "03-activation-ratio"),
-                                   accuracy_fp32=accuracy.get("accuracy_fp32"), accuracy=accuracy.get("accuracy"))
-    if number == "04":
-        step, big = step_04(namespace, amp_code, lab)
-        return report.measure_rung(nb.stage, step, loader(big), lab, profile=big.profile, progress=False,
-                                   batch_size=big.profile.batch_size, peak_ratio=_measured(found, "04-peak-ratio"))
-    if number == "05":
-        step = step_03(amp_code, lab, compiled=True)
-        return report.measure_rung(nb.stage, step, loader(lab), lab, progress=False,
-                                   inference_speedup=_measured(found, "05-compile-speedup"))
-    raise ValueError(f"notebook {number} records stage {nb.stage} but has no rung here")
+    loader, step, at = build(number, namespace, lab)
+    return report.measure_rung(notebooks.get(number).stage, step, loader, lab, profile=at.profile,
+                               progress=False, **rung.extras(found, at))

@@ -339,20 +339,18 @@ class Served:
         return {"values": [v for v, _ in got], "tensors": wire.put(self.view, [torch.stack([g for _, g in got])])}
 
     def op_rung(self, request) -> dict:
-        """Set up this notebook's rung: the student's 03 step (for 05 compiled), fed by their 02 loader."""
+        """Set up this notebook's rung (its grading module's ``RUNG``): the student's step, fed by
+        their 02 loader, at the rung's batch."""
         import dataclasses
 
         from labsupport import pipeline
-        from labsupport.grading import carried, rungs
+        from labsupport.grading import rungs
 
         number = self.spec["notebook"]
-        if number not in ("03", "04", "05") or not self.student:
+        rung = rungs.of(number)
+        if rung is None or not rung.in_worker or not self.student:
             raise ValueError(f"no rung to set up for notebook {number} here")
-        if number == "04":  # their checkpointing around their 03 step, fed by their 02 loader, at twice the batch
-            step, big = rungs.step_04(self.namespace, vars(carried("03", self.lab)), self.lab)
-            self.rung = (pipeline.forever(carried("02", self.lab).make_fast_loader(big)), step, None)
-            return {"config": dataclasses.asdict(step.config)}
-        if number == "05":
+        if rung.compiled:
             import torch
 
             # Dynamo forgets the inference checks' graphs and what their inputs taught it: without
@@ -360,8 +358,8 @@ class Served:
             # kernel compiled, and missed the Inductor cache the kernel left (the first step took
             # 22-24 s instead of 9 with the reference on class cpu, at the tiny profile).
             torch.compiler.reset()
-        step = rungs.step_03(vars(carried("03", self.lab)), self.lab, compiled=number == "05")
-        self.rung = (pipeline.forever(carried("02", self.lab).make_fast_loader(self.lab)), step, None)
+        loader, step, _ = rungs.build(number, self.namespace, self.lab)
+        self.rung = (pipeline.forever(loader), step, None)
         return {"config": dataclasses.asdict(step.config)}
 
     def op_rung_batch(self, request) -> dict:
