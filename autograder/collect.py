@@ -181,20 +181,20 @@ def collect_one(entry: Path, expected: list[str], destination: Path, optional: t
     return result
 
 
-def collect(inbox: Path, course_root: Path = course.COURSE_ROOT) -> list[Collected]:
-    """Collect every student folder or zip in ``inbox`` into ``course_root/submitted/``.
+def collect(inbox: Path, where: course.Course | Path = course.COURSE_ROOT) -> list[Collected]:
+    """Collect every student folder or zip in ``inbox`` into the course's ``submitted/``.
 
     A student's earlier submission is replaced. Returns one Collected per inbox entry, in name
     order; entries that are neither a folder nor a zip are reported and skipped.
     """
-    inbox, course_root = Path(inbox), Path(course_root)
+    inbox, the = Path(inbox), course.of(where)
     if not inbox.is_dir():
         raise course.CourseError(f"{inbox} is not a folder: pass the folder that holds one folder "
                                  "or zip file per student.")
-    assignment = course.assignment_id(course_root)
-    expected = [p.stem for p in course.graded_masters(course_root)]
-    optional = tuple(p.stem for p in course.masters(course_root) if p.stem not in expected)
-    submitted = course_root / "submitted"
+    assignment = the.assignment
+    expected = [p.stem for p in course.graded_masters(the.root)]
+    optional = tuple(p.stem for p in course.masters(the.root) if p.stem not in expected)
+    submitted = the.root / "submitted"
     out = []
     for entry in sorted(inbox.iterdir()):
         if entry.name.startswith("."):

@@ -35,11 +35,11 @@ ENV_KEPT = ("PATH", "LANG", "LC_ALL", "ONEDNN_MAX_CPU_ISA", "CUDA_VISIBLE_DEVICE
             "MKL_NUM_THREADS")  # what the verdict process inherits from the grader
 
 
-def checks_by_cell(course_root: Path) -> dict[str, dict[str, list[str]]]:
+def checks_by_cell(where: course.Course | Path) -> dict[str, dict[str, list[str]]]:
     """``{notebook: {test cell id: [check ids it grades]}}``, as the masters' test cells declare them
     (:func:`course.declared_checks`)."""
     out = {}
-    for master in course.masters(course_root):
+    for master in course.masters(course.of(where).root):
         nb = nbformat.read(master, as_version=4)
         out[master.stem] = {cell.metadata["nbgrader"]["grade_id"]: course.declared_checks(cell, master.stem)
                             for cell in course.graded_test_cells(nb)}
@@ -289,10 +289,11 @@ def _said(entry) -> dict:
             "note": str(entry.get("note", ""))[:NOTE_CHARS]}
 
 
-def keep(course_root: Path, student: str, notebook: str, verdict: dict, decisions: dict[str, Decision]) -> Path:
+def keep(where: course.Course | Path, student: str, notebook: str, verdict: dict,
+         decisions: dict[str, Decision]) -> Path:
     """Write the grader's decisions, beside what the verdict process said, to
     ``verdicts/<student>/<notebook>.json`` in the course root, where they stay after the batch."""
-    folder = Path(course_root) / "verdicts" / student
+    folder = course.of(where).verdicts(student)
     folder.mkdir(parents=True, exist_ok=True)
     said = verdict.get("checks") if isinstance(verdict.get("checks"), dict) else {}
     problems = verdict.get("problems") if isinstance(verdict.get("problems"), list) else []
@@ -307,10 +308,10 @@ def keep(course_root: Path, student: str, notebook: str, verdict: dict, decision
     return path
 
 
-def kept(course_root: Path, student: str, notebook: str) -> dict[str, dict]:
+def kept(where: course.Course | Path, student: str, notebook: str) -> dict[str, dict]:
     """The decisions :func:`keep` wrote (``{check: Decision fields}``; empty if none)."""
     try:
-        return json.loads((Path(course_root) / "verdicts" / student / f"{notebook}.json").read_text())["decided"]
+        return json.loads((course.of(where).verdicts(student) / f"{notebook}.json").read_text())["decided"]
     except (OSError, ValueError, KeyError):
         return {}
 

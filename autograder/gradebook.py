@@ -69,7 +69,7 @@ def feedback(where: Course | Path, student: str) -> None:
     if not made["success"]:
         print(f"{student}: generate_feedback failed: {last_error_line(made)}")
     for kept in sorted(the.verdicts(student).glob("*.json")):
-        reports.judged_feedback(the.root, student, kept.stem, deciding.kept(the.root, student, kept.stem))
+        reports.judged_feedback(the, student, kept.stem, deciding.kept(the, student, kept.stem))
 
 
 # --- what the gradebook knows ---------------------------------------------------------------------
@@ -123,12 +123,12 @@ def scores_by_check(where: Course | Path) -> pd.DataFrame:
     requires (:data:`JUDGED`, from ``verdicts/<student>/<notebook>.json``; empty for a person's cell)."""
     the = course.of(where)
     rows = []
-    cells = deciding.checks_by_cell(the.root)
+    cells = deciding.checks_by_cell(the)
     with the.gradebook() as gb:
         assignment = gb.find_assignment(the.assignment)
         for submission in assignment.submissions:
             for nb in submission.notebooks:
-                decided = deciding.kept(the.root, submission.student.id, nb.name)
+                decided = deciding.kept(the, submission.student.id, nb.name)
                 for grade in nb.grades:
                     found = [decided.get(c, {"check": c, "result": "not graded"})
                              for c in cells.get(nb.name, {}).get(grade.name, [])]

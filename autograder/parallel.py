@@ -65,11 +65,11 @@ def visible_gpus() -> list[str]:
     return names[:count]
 
 
-def job_dir(course_root: Path) -> Path:
-    return Path(course_root).resolve() / JOB_DIR
+def job_dir(where: course.Course | Path) -> Path:
+    return course.of(where).root / JOB_DIR
 
 
-def start(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s: int | None = None,
+def start(where: course.Course | Path, students: list[str] | None, jobs: int, *, timeout_s: int | None = None,
           progress: bool = True) -> Future[Path]:
     """Start grading ``students`` (default: all collected) ``jobs`` at a time, in the background.
 
@@ -82,8 +82,8 @@ def start(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s
 
     from . import grade as serial
 
-    course_root = Path(course_root).resolve()
-    students = serial.students_to_grade(course_root, students)
+    the = course.of(where)
+    students = serial.students_to_grade(the, students)
     if not hasattr(os, "sched_getaffinity"):
         raise course.CourseError(f"--jobs pins each submission to its own cores, which needs Linux (this is "
                                  f"{sys.platform}): grade one at a time, or on a Linux machine.")
@@ -91,7 +91,7 @@ def start(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s
     free: queue.Queue[Slot] = queue.Queue()
     for slot in shares:
         free.put(slot)
-    job = job_dir(course_root)
+    job = job_dir(the)
     shutil.rmtree(job, ignore_errors=True)
     (job / "logs").mkdir(parents=True)
     tasks.write_students(job, students)
@@ -102,7 +102,7 @@ def start(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s
     def task(student: str) -> str:
         slot = free.get()
         try:
-            command = [sys.executable, "-m", "autograder", "--course", str(course_root), "grade-task",
+            command = [sys.executable, "-m", "autograder", "--course", str(the.root), "grade-task",
                        f"--job={job}", f"--cores={','.join(map(str, slot.cores))}", student]
             command += [f"--timeout={timeout_s}"] if timeout_s else []
             env = dict(environ, **({"CUDA_VISIBLE_DEVICES": slot.gpu} if slot.gpu else {}))
@@ -126,12 +126,12 @@ def start(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s
         runner.shutdown(wait=False)  # the submitted run goes on; the thread ends with it
 
 
-def grade(course_root: Path, students: list[str] | None, jobs: int, *, timeout_s: int | None = None,
+def grade(where: course.Course | Path, students: list[str] | None, jobs: int, *, timeout_s: int | None = None,
           progress: bool = True) -> dict:
     """Grade ``students`` (default: all collected) ``jobs`` at a time, then merge them into the course.
 
     Returns :func:`tasks.merge`'s outcome; its ``grades`` are one NotebookGrade per notebook, as
     :func:`grade.grade` returns, and a task that failed is a "failed to grade" row.
     """
-    job = start(course_root, students, jobs, timeout_s=timeout_s, progress=progress).result()
-    return tasks.merge(course_root, job)
+    job = start(where, students, jobs, timeout_s=timeout_s, progress=progress).result()
+    return tasks.merge(where, job)

@@ -23,7 +23,7 @@ from . import course
 JUDGE_HEADING = "The grader's verdicts"
 
 
-def judged_feedback(course_root: Path, student: str, notebook: str, decided: dict[str, dict]) -> Path | None:
+def judged_feedback(where: course.Course | Path, student: str, notebook: str, decided: dict[str, dict]) -> Path | None:
     """Put the grader's table (check, measured, bar, result, reason, note) at the top of
     ``notebook``'s feedback page, and label what follows as the student's own kernel run.
 
@@ -31,7 +31,7 @@ def judged_feedback(course_root: Path, student: str, notebook: str, decided: dic
     self-check tables are the kernel's measurements, while each test cell's score is the grader's.
     Returns the page, or None where nbgrader wrote none (or there is nothing to add).
     """
-    page = Path(course_root) / "feedback" / student / course.assignment_id(course_root) / f"{notebook}.html"
+    page = course.of(where).feedback(student) / f"{notebook}.html"
     if not decided or not page.is_file() or page.is_symlink():
         return None
     text = page.read_text()
@@ -53,26 +53,26 @@ def judged_feedback(course_root: Path, student: str, notebook: str, decided: dic
     return page
 
 
-def _scores(course_root: Path) -> pd.DataFrame:
-    path = Path(course_root) / "grades_by_check.csv"
+def _scores(the: course.Course) -> pd.DataFrame:
+    path = the.root / "grades_by_check.csv"
     if not path.exists():
         raise course.CourseError(f"{path} does not exist: run `python -m autograder grade` first.")
     return pd.read_csv(path)
 
 
-def student_report(course_root: Path, student: str, out: Path | None = None) -> Path:
+def student_report(where: course.Course | Path, student: str, out: Path | None = None) -> Path:
     """Export ``student``'s comparison report (their grading-time measurements) as HTML."""
     from labsupport import report
 
-    course_root = Path(course_root)
-    results = course_root / "results" / student
+    the = course.of(where)
+    results = the.results(student)
     if not results.is_dir():
-        graded = sorted(p.name for p in (course_root / "results").glob("*") if p.is_dir())
+        graded = sorted(p.name for p in (the.root / "results").glob("*") if p.is_dir())
         raise course.CourseError(f"No grading results for {student!r} in {results.parent}: grade them "
                                  f"first (graded so far: {', '.join(graded) or 'nobody'}).")
-    scores = _scores(course_root)
+    scores = _scores(the)
     mine = scores[scores.student == student].drop(columns=["student"]).set_index(["notebook", "cell"])
-    out = Path(out) if out else course_root / "reports" / f"{student}.html"
+    out = Path(out) if out else the.root / "reports" / f"{student}.html"
     from . import reference
 
     lad = report.ladder(results, assemble=reference.solutions("06").assemble_ladder)
@@ -94,7 +94,7 @@ def reference_report(build: Path, out: Path | None = None) -> Path:
                               title="PyTorch Performance Lab: reference solution")
 
 
-def speedups(course_root: Path) -> pd.DataFrame:
+def speedups(where: course.Course | Path) -> pd.DataFrame:
     """Cumulative speedup per rung (columns) per graded student (rows), from their results."""
     from labsupport import report
 
@@ -102,7 +102,7 @@ def speedups(course_root: Path) -> pd.DataFrame:
 
     assemble = reference.solutions("06").assemble_ladder
     rows = {}
-    for folder in sorted((Path(course_root) / "results").glob("*")):
+    for folder in sorted((course.of(where).root / "results").glob("*")):
         if folder.is_dir():
             table = report.ladder(folder, assemble=assemble).table
             rows[folder.name] = table["speedup (cumulative)"] if not table.empty else pd.Series(dtype=float)
@@ -138,13 +138,13 @@ def class_plots(scores: pd.DataFrame, ups: pd.DataFrame) -> dict[str, object]:
     return figures
 
 
-def class_report(course_root: Path, out: Path | None = None) -> Path:
+def class_report(where: course.Course | Path, out: Path | None = None) -> Path:
     """The class summary in one HTML file: scores per student and per check, speedup distributions."""
     from labsupport import report
 
-    course_root = Path(course_root)
-    scores = _scores(course_root)
-    summary_path = course_root / "grading_summary.csv"
+    the = course.of(where)
+    scores = _scores(the)
+    summary_path = the.root / "grading_summary.csv"
     status = pd.read_csv(summary_path) if summary_path.exists() else pd.DataFrame()
     totals = scores.groupby("student").agg(score=("score", "sum"), max=("max_score", "sum"))
     if not status.empty:
@@ -154,8 +154,8 @@ def class_report(course_root: Path, out: Path | None = None) -> Path:
     per_check = scores.groupby(["notebook", "cell"]).agg(
         students=("student", "nunique"), mean=("score", "mean"), max=("max_score", "max"),
         full_marks=("score", lambda s: int((s == scores.loc[s.index, "max_score"]).sum())))
-    ups = speedups(course_root)
-    parts = [f"<h1>Class summary: {html.escape(course.assignment_id(course_root))}</h1>",
+    ups = speedups(the)
+    parts = [f"<h1>Class summary: {html.escape(the.assignment)}</h1>",
              f"<p>{len(totals)} graded submission(s).</p>",
              "<h2>Scores per student</h2>", totals.to_html(classes="students", float_format=lambda v: f"{v:g}"),
              "<h2>Scores per check</h2>", per_check.to_html(classes="checks", float_format=lambda v: f"{v:.2f}")]
@@ -174,6 +174,6 @@ def class_report(course_root: Path, out: Path | None = None) -> Path:
               distribution.to_html(classes="score-spread")]
     for name, fig in class_plots(scores, ups).items():
         parts.append(report.figure_html(fig, f"{name} plot"))
-    out = Path(out) if out else course_root / "reports" / "class.html"
+    out = Path(out) if out else the.root / "reports" / "class.html"
     return report.write_page(out, "PyTorch Performance Lab: class summary", parts)
 

@@ -68,25 +68,25 @@ class Options:
         return lines
 
 
-def job_dir(course_root: Path) -> Path:
-    return Path(course_root).resolve() / JOB_DIR
+def job_dir(where: course.Course | Path) -> Path:
+    return course.of(where).root / JOB_DIR
 
 
 # --- writing and submitting -----------------------------------------------------------------------
 
-def write(course_root: Path, students: list[str], options: Options, job: Path | None = None) -> Path:
+def write(where: course.Course | Path, students: list[str], options: Options, job: Path | None = None) -> Path:
     """Write the job folder (students.txt, the sbatch scripts, submit.sh); returns it.
 
     A folder from an earlier term's grading is replaced, task results included.
     """
-    course_root = Path(course_root).resolve()
-    job = Path(job or job_dir(course_root)).resolve()
+    the = course.of(where)
+    job = Path(job or job_dir(the)).resolve()
     if job.exists():
         shutil.rmtree(job)
     (job / "logs").mkdir(parents=True)
     tasks.write_students(job, students)
     python = Path(sys.executable)
-    run = [str(python), "-m", "autograder", "--course", str(course_root)]
+    run = [str(python), "-m", "autograder", "--course", str(the.root)]
     when = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     exports = [f"export {k}={shlex.quote(os.environ[k])}" for k in CARRIED_ENV if os.environ.get(k)]
     head = ["#!/bin/bash"]

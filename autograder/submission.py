@@ -160,7 +160,7 @@ class Batch:
         if gpu:
             raise course.CourseError(gpu)
         return cls(the, timeout_s, NOTEBOOK_BUDGET_CELLS * timeout_s, SUBMISSION_BUDGET_CELLS * timeout_s,
-                   box, lib, settings, deciding.checks_by_cell(the.root),
+                   box, lib, settings, deciding.checks_by_cell(the),
                    machine=hardware.describe_machine(hardware.pick_device()), memory=memory)
 
 
@@ -381,7 +381,7 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
                 errors.append(f"verdicts: {found['error']}")
             cells = batch.cells.get(name, {})
             decisions, passed = deciding.score(found, cells, batch.machine)
-            deciding.keep(the.root, student, name, found, decisions)
+            deciding.keep(the, student, name, found, decisions)
             with the.gradebook() as gb:
                 disagreed = deciding.record(gb, the.assignment, student, name, passed)
             grades.append(NotebookGrade(student, name, status, 0.0, 0.0, seconds, edited, errors,

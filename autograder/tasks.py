@@ -187,7 +187,7 @@ def merge(where: Course | Path, job: Path) -> dict:
             unboxed[student] = record["no_sandbox"]
         devices.setdefault(record.get("device"), []).append(student)
     gradebook.export(the, grades)
-    report = reports.class_report(the.root) if merged else None
+    report = reports.class_report(the) if merged else None
     return {"merged": merged, "failed": failed, "missing": missing, "grades": grades, "report": report,
             "no_sandbox": unboxed, "devices": devices}
 
