@@ -808,15 +808,15 @@ def test_a_class_graded_on_slurm_scores_exactly_as_graded_serially(graded, tmp_p
             assert done.returncode == 0, done.stderr + done.stdout
             _wait_for_jobs(env, cluster)
             wall = time.time() - started
-            tasks = {s: tasks.read_task(job, s) for s in ON_SLURM}
-            assert all(t and t["status"] == "graded" for t in tasks.values()), (tasks, slurm_cluster.logs(cluster.folder))
+            ran = {s: tasks.read_task(job, s) for s in ON_SLURM}
+            assert all(t and t["status"] == "graded" for t in ran.values()), (ran, slurm_cluster.logs(cluster.folder))
             pids = dict(cluster.pids)
     except slurm_cluster.Unavailable as err:
         pytest.skip(f"the Slurm cluster could not be started here: {err}")
     assert not any(slurm_cluster.running(pid) for pid in pids.values()), pids
     assert tasks.unfinished(job) == []
     # At most two at once (the array's %2), and two at once on different GPUs, as different users.
-    spans = sorted((t["started"], t["ended"], t["gpus"], t["sandbox_user"], s) for s, t in tasks.items())
+    spans = sorted((t["started"], t["ended"], t["gpus"], t["sandbox_user"], s) for s, t in ran.items())
     overlapping = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1:] if b[0] < a[1]]
     assert overlapping, f"no two tasks ran at once: {spans}"
     assert all(a[2] != b[2] and a[3] != b[3] for a, b in overlapping), overlapping
@@ -833,8 +833,8 @@ def test_a_class_graded_on_slurm_scores_exactly_as_graded_serially(graded, tmp_p
         assert {p.stem for p in (root / "feedback" / student / "lab").glob("*.html")} == handed_in
     assert (root / "reports" / "class.html").is_file() and (root / "calibration.toml").is_file()
     serial_s = sum(g.seconds + g.verdict_s for g in graded["grades"] if g.student in ON_SLURM)
-    array = max(t["ended"] for t in tasks.values()) - min(t["started"] for t in tasks.values())
+    array = max(t["ended"] for t in ran.values()) - min(t["started"] for t in ran.values())
     print(f"{len(ON_SLURM)} students: serial {serial_s:.0f} s of grading; on 2 GPU slots the array took {array:.0f} s "
           f"(calibration, array and merge {wall:.0f} s from submission); tasks: "
-          + ", ".join(f"{s} GPU {t['gpus']} {t['ended'] - t['started']:.0f} s" for s, t in tasks.items()))
+          + ", ".join(f"{s} GPU {t['gpus']} {t['ended'] - t['started']:.0f} s" for s, t in ran.items()))
     print((job / "grade.sbatch").read_text())
