@@ -19,7 +19,7 @@ import torch
 
 from .. import measure, pipeline, train
 from . import partners, register, speed, student
-from .rungs import Rung, measured
+from .rungs import Rung, measured, their_loader
 
 # The first augmented training batches checked against the dataset's images (a loader that skips
 # augmentation serves them exactly).
@@ -129,8 +129,7 @@ def loader(namespace, lab, sides=None):
 # --- 02's rung: the student's loader feeding the lab's fp32 step ------------------------------------
 
 def _with_their_loader(code, lab):
-    return (student(code("02"), "make_fast_loader", "02")(lab),
-            train.make_step(train.StepConfig(), lab.device, seed=lab.seed))
+    return their_loader(code, lab), train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
 
 
 RUNG = Rung(_with_their_loader, extras=lambda found, lab: {

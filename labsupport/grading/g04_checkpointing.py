@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from .. import measure, memory, train
 from . import StudentCodeError, judge, one_batch, partners, register, speed, student
 from .g03_amp import precision, timed_calls
-from .rungs import Rung, measured
+from .rungs import Rung, measured, their_loader
 
 
 def segments_of(namespace) -> int:
@@ -469,6 +469,7 @@ def rung_step(namespace: dict, amp_code: dict, lab) -> train.TrainStep:
     return train.make_step(config, lab.device, seed=lab.seed, update=update, wrap=lambda model: wrap(model, segments))
 
 
-RUNG = Rung(lambda code, lab: (student(code("02"), "make_fast_loader", "02")(lab), rung_step(code("04"), code("03"), lab)),
-            extras=lambda found, lab: {"batch_size": lab.profile.batch_size, "peak_ratio": measured(found, "04-peak-ratio")},
+RUNG = Rung(lambda code, lab: (their_loader(code, lab), rung_step(code("04"), code("03"), lab)),
+            extras=lambda found, lab: {"batch_size": lab.profile.batch_size,
+                                       "peak_ratio": measured(found, "04-peak-ratio")},
             in_worker=True, batch_factor=2, counts_peak=True)

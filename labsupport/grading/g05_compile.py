@@ -18,7 +18,7 @@ import torch
 from .. import hardware, measure, train
 from . import CheckResult, StudentCodeError, carried, judge, one_batch, register, speed, student
 from .g03_amp import precision, rung_step
-from .rungs import Rung, measured
+from .rungs import Rung, measured, their_loader
 
 
 class Inference:
@@ -187,6 +187,6 @@ def _break_even_errors(answer, cases) -> list[str]:
 
 # --- 05's rung: their 03 step, compiled, fed by their loader -----------------------------------------
 
-RUNG = Rung(lambda code, lab: (student(code("02"), "make_fast_loader", "02")(lab), rung_step(code("03"), lab, compiled=True)),
+RUNG = Rung(lambda code, lab: (their_loader(code, lab), rung_step(code("03"), lab, compiled=True)),
             extras=lambda found, lab: {"inference_speedup": measured(found, "05-compile-speedup")},
             in_worker=True, compiled=True)

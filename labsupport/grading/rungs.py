@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 
 from .. import notebooks, report, train
-from . import CheckResult, carried, module_name
+from . import CheckResult, carried, module_name, student
 
 
 def measured(found: dict[str, CheckResult], check: str) -> float | None:
@@ -66,6 +66,12 @@ def rung_lab(rung: Rung, lab):
         return lab
     return dataclasses.replace(lab, profile=dataclasses.replace(
         lab.profile, batch_size=rung.batch_factor * lab.profile.batch_size))
+
+
+def their_loader(code: Callable[[str], dict], lab):
+    """The student's 02 loader (``make_fast_loader`` in ``code("02")``), built at ``lab``'s batch:
+    what feeds every rung after the baseline."""
+    return student(code("02"), "make_fast_loader", "02")(lab)
 
 
 def code_of(namespace: dict, number: str, lab) -> Callable[[str], dict]:
