@@ -47,7 +47,7 @@ MADE_BY_THE_NOTEBOOK = ("06-stages", "06-html")
 CELL_HEADROOM = 0.5
 
 
-def checks_of(number: str, runs: int = 1, course_root: Path = COURSE_ROOT,
+def checks_of(number: str, runs: int = 1, where: course.Course | Path = COURSE_ROOT,
               json_out: Path | None = None) -> list[dict]:
     """Every graded check of notebook ``number``, run ``runs`` times on the reference solutions in
     this process, against the class defaults: one dict per check (the fields of its CheckResult,
@@ -59,15 +59,16 @@ def checks_of(number: str, runs: int = 1, course_root: Path = COURSE_ROOT,
 
     from . import reference
 
+    the = course.of(where)
     machine = describe_machine().as_dict()
     found: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="lab-accept-") as scratch, \
             course.environment({"LAB_RESULTS": scratch, "LAB_CALIBRATION": str(Path(scratch) / "none.toml")}):
-        reference.keep_all(course_root=course_root)
+        reference.keep_all(course_root=the.root)
         for _ in range(runs):
             fresh = grading.fresh().grading
             groups = [ids for ids in fresh.check_groups(number) if not set(ids) <= set(MADE_BY_THE_NOTEBOOK)]
-            namespace = reference.namespace(number, course_root)
+            namespace = reference.namespace(number, the.root)
             for ids in groups:
                 started = time.perf_counter()
                 results = fresh.run(number, namespace, only=ids, keep=False, skip=MADE_BY_THE_NOTEBOOK)
@@ -91,10 +92,11 @@ def checks_of(number: str, runs: int = 1, course_root: Path = COURSE_ROOT,
 
 
 def run_checks(numbers: tuple[str, ...], runs: int, out: Path, limit_s: float,
-               course_root: Path = COURSE_ROOT, deadline_s: float | None = None) -> pd.DataFrame:
+               where: course.Course | Path = COURSE_ROOT, deadline_s: float | None = None) -> pd.DataFrame:
     """:func:`checks_of` for each notebook in its own process, ``limit_s`` seconds at most each, and
     each ended by ``deadline_s`` seconds; the rows so far are written to ``out/checks.json``
     after every notebook. Returns the table."""
+    root = course.of(where).root
     rows: list[dict] = []
     began = time.perf_counter()
     for number in numbers:
@@ -106,7 +108,7 @@ def run_checks(numbers: tuple[str, ...], runs: int, out: Path, limit_s: float,
             continue
         limit = limit_s if deadline_s is None else max(1.0, min(limit_s, deadline_s - (started - began)))
         with tempfile.NamedTemporaryFile(suffix=".json") as answer:
-            cmd = [sys.executable, "-m", "autograder", "--course", str(course_root), "accept", "--checks-of",
+            cmd = [sys.executable, "-m", "autograder", "--course", str(root), "accept", "--checks-of",
                    number, "--runs", str(runs), "--json", answer.name]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
@@ -176,7 +178,7 @@ def checks_ready(table: pd.DataFrame) -> list[str]:
 
 
 def grade_reference(numbers: tuple[str, ...], runs: int, out: Path,
-                    course_root: Path = COURSE_ROOT) -> tuple[pd.DataFrame, list[str]]:
+                    where: course.Course | Path = COURSE_ROOT) -> tuple[pd.DataFrame, list[str]]:
     """``calibrate`` (into ``out/calibration.toml``), then the reference submission graded with it in
     a scratch course: each notebook's score against its maximum, its time, and its longest cell
     against the class's cell limit. Returns the table and what is wrong."""
@@ -184,11 +186,12 @@ def grade_reference(numbers: tuple[str, ...], runs: int, out: Path,
 
     from . import benchmark
 
+    the = course.of(where)
     limit = CLASSES[describe_machine().device_class].cell_timeout_s
     calibration = out / "calibration.toml"
-    calibrate.calibrate(runs, course_root, calibration, progress=False)
+    calibrate.calibrate(runs, the, calibration, progress=False)
     with course.environment({"LAB_CALIBRATION": str(calibration)}):
-        _, table = benchmark.grading_time(numbers, course_root, out / "grading-time.txt")
+        _, table = benchmark.grading_time(numbers, the, out / "grading-time.txt")
     table["cell limit s"] = [limit if isinstance(s, str) and s else None for s in table["score"]]
     wrong = []
     for notebook, row in table.iterrows():
@@ -204,14 +207,14 @@ def grade_reference(numbers: tuple[str, ...], runs: int, out: Path,
     return table, wrong
 
 
-def main_checks_of(number: str, runs: int, course_root: Path, json_out: Path) -> int:
+def main_checks_of(number: str, runs: int, where: course.Course | Path, json_out: Path) -> int:
     """The child process of :func:`run_checks`."""
-    checks_of(number, runs, course_root, json_out)
+    checks_of(number, runs, where, json_out)
     return 0
 
 
 def accept(parts: tuple[str, ...] = ("checks", "grade"), runs: int = 3,
-           notebooks: tuple[str, ...] | None = None, course_root: Path = COURSE_ROOT,
+           notebooks: tuple[str, ...] | None = None, where: course.Course | Path = COURSE_ROOT,
            out: Path | None = None, check_limit_s: float = 1800,
            deadline_s: float | None = None) -> tuple[Path, list[str]]:
     """Run the acceptance ``parts`` on this machine; returns ``accept.md``'s path and what failed."""
@@ -221,6 +224,7 @@ def accept(parts: tuple[str, ...] = ("checks", "grade"), runs: int = 3,
     from labsupport import notebooks as registry
     from labsupport.hardware import describe_machine, profile_for
 
+    the = course.of(where)
     machine = describe_machine()
     out = Path(out) if out else REPO_ROOT / "build" / f"accept-{machine.device_class}"
     out.mkdir(parents=True, exist_ok=True)
@@ -232,12 +236,12 @@ def accept(parts: tuple[str, ...] = ("checks", "grade"), runs: int = 3,
             f"parts: {', '.join(parts)}.\n")
     sections, wrong = [head], []
     if "checks" in parts:
-        table = run_checks(numbers, runs, out, check_limit_s, course_root, deadline_s)
+        table = run_checks(numbers, runs, out, check_limit_s, the, deadline_s)
         sections.append(f"\n## The reference's checks ({runs} run{'s' * (runs > 1)})\n\n"
                         + table.to_string(float_format=lambda v: f"{v:.3g}") + "\n")
         wrong += checks_ready(table)
     if "grade" in parts:
-        table, problems = grade_reference(numbers, runs, out, course_root)
+        table, problems = grade_reference(numbers, runs, out, the)
         sections.append(f"\n## The reference graded as a student ({runs} calibration run{'s' * (runs > 1)})\n\n"
                         + table.to_string(float_format=lambda v: f"{v:.1f}") + "\n")
         wrong += problems

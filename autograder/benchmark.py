@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import calibrate
+from . import calibrate, course
 from .course import COURSE_ROOT, REPO_ROOT
 
 
@@ -42,7 +42,8 @@ def table(values: dict[str, list[float]], machine) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("check")
 
 
-def benchmark(runs: int = 5, course_root: Path = COURSE_ROOT, out: Path | None = None) -> tuple[Path, pd.DataFrame]:
+def benchmark(runs: int = 5, where: course.Course | Path = COURSE_ROOT,
+              out: Path | None = None) -> tuple[Path, pd.DataFrame]:
     """Measure the reference's calibrated checks ``runs`` times; write and return the table.
 
     The table goes to ``build/benchmark-<device class>.txt`` (or ``out``), headed by the machine.
@@ -50,7 +51,7 @@ def benchmark(runs: int = 5, course_root: Path = COURSE_ROOT, out: Path | None =
     from labsupport.hardware import describe_machine, profile_for
 
     machine = describe_machine()
-    values, problems = calibrate.measure(runs, course_root)
+    values, problems = calibrate.measure(runs, where)
     frame = table(values, machine)
     out = Path(out) if out else REPO_ROOT / "build" / f"benchmark-{machine.device_class}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -65,7 +66,7 @@ def benchmark(runs: int = 5, course_root: Path = COURSE_ROOT, out: Path | None =
 
 
 
-def grading_time(notebooks: tuple[str, ...] | None = None, course_root: Path = COURSE_ROOT,
+def grading_time(notebooks: tuple[str, ...] | None = None, where: course.Course | Path = COURSE_ROOT,
                  out: Path | None = None) -> tuple[Path, pd.DataFrame]:
     """Grade the reference submission (all graded notebooks, or ``notebooks`` such as ``("02",)``)
     in a temporary copy of the course, as ``grade`` grades a student, and time it.
@@ -83,32 +84,33 @@ def grading_time(notebooks: tuple[str, ...] | None = None, course_root: Path = C
 
     from labsupport.hardware import describe_machine, profile_for
 
-    from . import course, grade, reference, release
+    from . import grade, reference, release
 
+    the = course.of(where)
     machine = describe_machine()
     with tempfile.TemporaryDirectory(prefix="lab-grading-time-") as tmp:
         root = Path(tmp) / "course"
         root.mkdir()
-        shutil.copyfile(Path(course_root) / course.CONFIG_NAME, root / course.CONFIG_NAME)
-        shutil.copytree(course.source_dir(course_root), root / "source",
+        shutil.copyfile(the.root / course.CONFIG_NAME, root / course.CONFIG_NAME)
+        shutil.copytree(the.source, root / "source",
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-        mine, theirs = course.calibration_file(course_root), course.calibration_file(root)
+        scratch = course.of(root)
+        mine, theirs = the.calibration, scratch.calibration
         if mine.is_file() and mine != theirs:  # (LAB_CALIBRATION names one file for both)
             shutil.copyfile(mine, theirs)
-        released = release.generate(root)
+        released = release.generate(scratch)
         read = lambda folder: {p.stem: nbformat.read(p, as_version=4) for p in sorted(folder.glob("*.ipynb"))}
         handed_in = reference.submission(read(released), read(root / "source" / released.name))
-        folder = root / "submitted" / "reference" / released.name
+        folder = scratch.submitted("reference")
         folder.mkdir(parents=True)
-        graded = {p.stem for p in course.graded_masters(root)}
+        graded = {p.stem for p in course.graded_masters(scratch.root)}
         for name, nb in handed_in.items():
             if name in graded and (notebooks is None or name[:2] in notebooks):
                 nbformat.write(nb, folder / f"{name}.ipynb")
         started = time.perf_counter()
-        grades = grade.grade(root, ["reference"], progress=False)
+        grades = grade.grade(scratch, ["reference"], progress=False)
         total = time.perf_counter() - started
-        longest = {p.stem: longest_cell(p) for p in
-                   (root / "autograded" / "reference" / course.assignment_id(root)).glob("*.ipynb")}
+        longest = {p.stem: longest_cell(p) for p in scratch.autograded("reference").glob("*.ipynb")}
     rows = [{"notebook": g.notebook, "score": f"{g.score:g}/{g.auto_max_score:g}" + (
                  f" (+{g.max_score - g.auto_max_score:g} by a person)" if g.max_score > g.auto_max_score else ""),
              "kernel s": g.seconds,

@@ -52,7 +52,7 @@ def _usable(result) -> bool:
     return result.reason != "incorrect" or bool(result.details.get("only_the_ladder_incomplete"))
 
 
-def measure(runs: int, course_root: Path = course.COURSE_ROOT, *, only: tuple[str, ...] | None = None,
+def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only: tuple[str, ...] | None = None,
             progress: bool = True) -> tuple[dict[str, list[float]], list[str]]:
     """Run the reference's calibrated checks ``runs`` times: ``({check: [values]}, problems)``."""
     from tqdm.auto import tqdm
@@ -61,6 +61,7 @@ def measure(runs: int, course_root: Path = course.COURSE_ROOT, *, only: tuple[st
 
     from . import reference
 
+    the = course.of(where)
     wanted = [c for c in calibrated_checks() if only is None or c in only]
     numbers = sorted({registry.of(c).number for c in wanted})
     values: dict[str, list[float]] = {c: [] for c in wanted}
@@ -70,25 +71,25 @@ def measure(runs: int, course_root: Path = course.COURSE_ROOT, *, only: tuple[st
     # 03's precision; 06's end-to-end composes 02's loader and 03's step), in a scratch results store.
     with tempfile.TemporaryDirectory(prefix="lab-calibrate-") as scratch, \
             course.environment({"LAB_RESULTS": scratch}):
-        reference.keep_all(course_root=course_root)
+        reference.keep_all(course_root=the.root)
         for run in range(runs):
             for number in numbers:
                 steps.set_postfix_str(f"run {run + 1}, notebook {number}")
                 ids = tuple(c for c in wanted if registry.of(c).number == number)
-                _measure_once(number, ids, run, values, problems, course_root)
+                _measure_once(number, ids, run, values, problems, the)
                 steps.update()
     steps.close()
     return values, problems
 
 
 def _measure_once(number: str, ids: tuple[str, ...], run: int, values: dict, problems: list,
-                  course_root: Path) -> None:
+                  the: course.Course) -> None:
     """One run of notebook ``number``'s checks ``ids`` on the reference; appends to values and problems."""
     from labsupport import grading
 
     from . import reference
 
-    found = grading.fresh().grading.run(number, reference.namespace(number, course_root), only=ids, keep=False)
+    found = grading.fresh().grading.run(number, reference.namespace(number, the.root), only=ids, keep=False)
     for check in ids:
         result = found.get(check)
         if result is not None and _usable(result):
@@ -120,7 +121,7 @@ def derive(check: str, spec, device_class: str, values: list[float]) -> tuple[ob
             f"eased to the reference's worst run / 0.85 ({worst:.3g} / 0.85)")
 
 
-def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path | None = None, *,
+def calibrate(runs: int = 3, where: course.Course | Path = course.COURSE_ROOT, path: Path | None = None, *,
               only: tuple[str, ...] | None = None, progress: bool = True) -> tuple[Path, pd.DataFrame]:
     """Measure the reference ``runs`` times, derive the thresholds, write the calibration file.
 
@@ -130,8 +131,9 @@ def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path 
 
     if runs < 1:
         raise course.CourseError("calibrate needs at least one run (3 or more are recommended).")
+    the = course.of(where)
     machine = describe_machine()
-    path = Path(path) if path else course.calibration_file(course_root)
+    path = Path(path) if path else the.calibration
     specs = calibrated_checks()
     shown = tuple(c for c in specs if only is None or c in only)
     # On class cpu, 03's, 05's (a cold compile) and 06's checks are n/a: not measured.
@@ -140,7 +142,7 @@ def calibrate(runs: int = 3, course_root: Path = course.COURSE_ROOT, path: Path 
     old = os.environ.get("LAB_CALIBRATION")
     os.environ["LAB_CALIBRATION"] = str(path.with_suffix(".ignored-during-calibration"))
     try:
-        values, problems = measure(runs, course_root, only=measured, progress=progress)
+        values, problems = measure(runs, the, only=measured, progress=progress)
     finally:
         if old is None:
             os.environ.pop("LAB_CALIBRATION", None)

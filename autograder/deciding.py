@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 
 from labsupport import notebooks
-from labsupport.grading import judging
+from labsupport.grading import judge_setup, judging
 
 from . import boundary, course, sandbox
 
@@ -72,16 +72,16 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     if dirs.judged.is_dir():  # what earlier judges kept (root's own files): their checks, rungs and code
         shutil.copytree(dirs.judged, inputs / "judged", symlinks=True)
     problems = []
-    judged = judging.judges(number, settings["profile"])
+    judged = judge_setup.judges(number, settings["profile"])
     # What the process takes, from where: the kernel's carried code; for a judged
     # notebook, also the earlier notebooks' carried code its student worker runs, as this grader
     # kept it (root's copy where a judge decided that notebook, else the store its verdict wrote).
     wanted = [(dirs.results, f"code/{number}.py")]
-    for earlier in judging.EARLIER_CODE.get(number, ()) if judged else ():
+    for earlier in judge_setup.earlier_code(number) if judged else ():
         name = f"code/{earlier}.py"
         wanted.append((dirs.judged if (dirs.judged / name).is_file() else dirs.store, name))
     taken = {}  # where in inputs a file goes, where not under its own name
-    if judged and number in judging.READS_LADDER:
+    if judged and judge_setup.setup_of(number).reads_ladder:
         # 06 judges the report its kernel exported, and the ladder: the judges' rungs are root's
         # own; a verdict process's (02's on CUDA) is taken from the store it wrote.
         wanted.append((dirs.report, "report.html"))

@@ -17,12 +17,14 @@ from pathlib import Path
 
 import nbformat
 
-from .course import (COURSE_ROOT, CONFIG_NAME, NOTEBOOKS_DIR, REPO_ROOT, SETUP_TEMPLATE, CourseError,
-                     first_code_cell, graded_test_cells, load_config, masters, masters_dir, setup_cell_metadata_problem,
-                     setup_cell_source, shown, source_dir, uncleared_cells, venv_on_path)
+from . import course
+from .course import (CONFIG_NAME, NOTEBOOKS_DIR, REPO_ROOT, SETUP_TEMPLATE, CourseError, first_code_cell,
+                     graded_test_cells, setup_cell_metadata_problem, setup_cell_source, shown, uncleared_cells,
+                     venv_on_path)
 
 
-def sync_setup_cells(course_root: Path = COURSE_ROOT, template: Path = SETUP_TEMPLATE) -> list[Path]:
+def sync_setup_cells(where: course.Course | Path = course.COURSE_ROOT,
+                     template: Path = SETUP_TEMPLATE) -> list[Path]:
     """Write the template into every master's setup cell; return the masters that changed.
 
     Only the cell's source is replaced (its nbgrader metadata stays); a master is rewritten
@@ -30,7 +32,7 @@ def sync_setup_cells(course_root: Path = COURSE_ROOT, template: Path = SETUP_TEM
     """
     source = setup_cell_source(template)
     changed = []
-    for path in masters(course_root):
+    for path in course.masters(course.of(where).root):
         nb = nbformat.read(path, as_version=4)
         cell = first_code_cell(nb)
         problem = (f"{path.name}: has no code cell; its first code cell must be the setup cell"
@@ -44,20 +46,20 @@ def sync_setup_cells(course_root: Path = COURSE_ROOT, template: Path = SETUP_TEM
     return changed
 
 
-def generate(course_root: Path = COURSE_ROOT) -> Path:
-    """Run nbgrader generate_assignment --force in ``course_root``; return the release folder.
+def generate(where: course.Course | Path = course.COURSE_ROOT) -> Path:
+    """Run nbgrader generate_assignment --force in the course; return the release folder.
 
-    Updates the gradebook there (``course_root/gradebook.db``): autograde needs its record of
+    Updates the course's gradebook (``gradebook.db`` in its root): autograde needs its record of
     the masters' grade and locked cells.
     """
     from nbgrader.converters import GenerateAssignment
     from nbgrader.coursedir import CourseDirectory
     from nbgrader.utils import capture_log
 
-    if not masters(course_root):
-        raise CourseError(f"No master notebooks (*.ipynb) in "
-                          f"{masters_dir(course_root)}.")
-    cfg = load_config(course_root)
+    the = course.of(where)
+    if not course.masters(the.root):
+        raise CourseError(f"No master notebooks (*.ipynb) in {the.masters_dir}.")
+    cfg = the.app_config()
     coursedir = CourseDirectory(config=cfg)
     app = GenerateAssignment(coursedir=coursedir, config=cfg)
     app.force = True
@@ -107,7 +109,7 @@ def describe(path: Path) -> str:
     return f"{len(nb.cells)} cells, {len(tests)} graded test cells, {points:g} points"
 
 
-def release(course_root: Path = COURSE_ROOT, notebooks_dir: Path = NOTEBOOKS_DIR,
+def release(where: course.Course | Path = course.COURSE_ROOT, notebooks_dir: Path = NOTEBOOKS_DIR,
             template: Path = SETUP_TEMPLATE, *, student_url: str | None = None,
             student_dir: Path | None = REPO_ROOT / "build" / "student") -> list[Path]:
     """Sync the setup cells, generate the student versions, copy them to ``notebooks_dir``, and
@@ -118,18 +120,19 @@ def release(course_root: Path = COURSE_ROOT, notebooks_dir: Path = NOTEBOOKS_DIR
     """
     from . import student
 
+    the = course.of(where)
     if student_url is not None:
         if student.set_student_url(Path(template), student_url):
             print(f"set LAB_URL = {student_url!r} in {Path(template).name}")
-    for path in sync_setup_cells(course_root, template):
+    for path in sync_setup_cells(the, template):
         print(f"updated the setup cell of {shown(path)} from {Path(template).name}")
-    release_dir = generate(course_root)
+    release_dir = generate(the)
     written = copy_release(release_dir, notebooks_dir)
     for path in written:
         print(f"wrote {shown(path)} ({describe(path)})")
     if student_dir is not None:
         archive = student.build_student_distribution(release_dir, Path(student_dir), repo_root=REPO_ROOT)
-        leaks = student.answer_leaks(Path(student_dir), masters(course_root))
+        leaks = student.answer_leaks(Path(student_dir), course.masters(the.root))
         if leaks:  # an answer in labsupport or a notebook: the distribution must not go out
             shutil.rmtree(student_dir)
             archive.unlink()
@@ -178,20 +181,19 @@ def notebook_differences(fresh, committed, name: str, limit: int = 10) -> list[s
     return diffs
 
 
-def student_version_differences(course_root: Path = COURSE_ROOT,
+def student_version_differences(where: course.Course | Path = course.COURSE_ROOT,
                                 notebooks_dir: Path = NOTEBOOKS_DIR) -> list[str]:
     """How ``notebooks_dir`` differs from a fresh release of the masters ([] if it matches).
 
     The release is generated in a temporary copy of the course (config and source only), so
     the real release folder and gradebook are never touched.
     """
-    course_root, notebooks_dir = Path(course_root), Path(notebooks_dir)
+    the, notebooks_dir = course.of(where), Path(notebooks_dir)
     with tempfile.TemporaryDirectory(prefix="lab-course-") as tmp:
         copy = Path(tmp) / "course"
         copy.mkdir()
-        shutil.copyfile(course_root / CONFIG_NAME, copy / CONFIG_NAME)
-        source = source_dir(course_root)
-        shutil.copytree(source, copy / source.relative_to(course_root),
+        shutil.copyfile(the.root / CONFIG_NAME, copy / CONFIG_NAME)
+        shutil.copytree(the.source, copy / the.source.relative_to(the.root),
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
         release_dir = generate(copy)
         fresh = {p.name: nbformat.read(p, as_version=4) for p in sorted(release_dir.glob("*.ipynb"))}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import nbformat
 
-from .course import (CourseError, declared_checks, environment, graded_test_cells, ipc_kernel_manager, masters,
-                     shown)
+from . import course
+from .course import CourseError, declared_checks, environment, graded_test_cells, ipc_kernel_manager, shown
 
 
 def bar_missed(check: str, reason: str) -> bool:
@@ -56,7 +56,7 @@ def outcomes(nb, notebook: str, kept: dict[str, dict]) -> tuple[list[dict], list
     return misses, failures
 
 
-def run_reference(course_root: Path, build: Path, *, timeout_s: int = 900) -> tuple[Path, list[dict]]:
+def run_reference(where: course.Course | Path, build: Path, *, timeout_s: int = 900) -> tuple[Path, list[dict]]:
     """Execute the masters (the reference solutions) headless, in order, in ``build/run``.
 
     The notebooks share one results store, as a student's do, so 06 reads what 01-05 measured on
@@ -79,7 +79,7 @@ def run_reference(course_root: Path, build: Path, *, timeout_s: int = 900) -> tu
     env = {"LAB_RESULTS": str(run_dir / "results"), "LAB_REPORT": str(report)}
     failures, misses, times = [], [], {}
     with environment(env):
-        for master in tqdm(masters(course_root), desc="reference notebooks", unit="notebook"):
+        for master in tqdm(course.masters(course.of(where).root), desc="reference notebooks", unit="notebook"):
             nb = nbformat.read(master, as_version=4)
             nbformat.write(nb, run_dir / master.name)  # beside the kernel, as a student's is (06 reads its analysis)
             started = time.perf_counter()

@@ -146,17 +146,23 @@ def test_the_setup_cell_keeps_an_old_torch_and_says_what_to_do(monkeypatch):
 def test_registry_masters_grading_modules_and_thresholds_agree():
     """A graded notebook is one row of labsupport/notebooks.py, one master with graded test cells,
     one module of labsupport/grading registering its checks (and declaring its ``RUNG`` where the
-    row names a stage), and a bar per check in thresholds.toml: each of them names the same
-    notebooks and the same checks, so a notebook left half-added fails here, saying where."""
+    row names a stage, and its ``JUDGED``, how the judge sets up its checks), and a bar per check
+    in thresholds.toml: each of them names the same notebooks and the same checks, so a notebook
+    left half-added fails here, saying where."""
     import tomllib
 
     from labsupport import grading, notebooks
-    from labsupport.grading import rungs
+    from labsupport.grading import judge_setup, rungs
 
     for nb in notebooks.NOTEBOOKS:  # a stage without a RUNG raises, naming the module
         assert (rungs.of(nb.number) is not None) == (nb.stage is not None), nb.number
+        if nb.stage:  # every rung builds on one before it in the ladder, back to the baseline
+            order = [r.number for r in rungs.chain(nb.number)]
+            assert order == sorted(order, key=[r.number for r in notebooks.rungs()].index), nb.number
 
     graded = [nb.number for nb in notebooks.NOTEBOOKS if nb.graded]
+    for number in graded:  # a graded module without a JUDGED raises, naming the module
+        assert isinstance(judge_setup.setup_of(number), judge_setup.Judged), number
     assert [m.stem[:2] for m in course.graded_masters()] == graded, (
         "the registry's graded notebooks (labsupport/notebooks.py, those that name what the student "
         "writes) must be the masters with graded test cells")
@@ -169,6 +175,48 @@ def test_registry_masters_grading_modules_and_thresholds_agree():
         declared = [c for cell in cells for c in course.declared_checks(cell, master.stem)]
         assert sorted(declared) == sorted(registered[master.stem[:2]]), (
             f"{master.name}: its test cells must declare each check its grading module registers, once")
+
+
+def test_the_ladder_and_the_composed_pipeline_are_the_rungs_changes_in_turn():
+    """Each rung's recipe is the baseline changed by every rung along its chain; 06's pipeline is
+    every rung that buys speed (not 04's checkpointing), 05's compile as the student chose."""
+    import types
+
+    import torch
+
+    from labsupport import notebooks
+    from labsupport.grading import judge_setup, rungs
+
+    def update(*args):
+        return None
+
+    def loader(lab):
+        return "their loader"
+
+    code = {"02": {"make_fast_loader": loader},
+            "03": {"choose_precision": lambda machine: {"dtype": torch.bfloat16, "channels_last": True},
+                   "amp_train_step": update},
+            "04": {"checkpointed": lambda model, segments: model, "SEGMENTS": 3},
+            "05": {"COMPILE_TRAINING": False}}
+    lab = types.SimpleNamespace(machine=None, profile=types.SimpleNamespace(batch_size=8))
+    made = {nb.number: rungs.recipe(nb.number, code.__getitem__, lab) for nb in notebooks.rungs()}
+    assert made["01"] == rungs.Recipe()
+    assert made["02"].loader is loader and made["02"].config == rungs.Recipe().config
+    assert (made["03"].config.amp_dtype, made["03"].config.channels_last, made["03"].update) == ("bfloat16", True, update)
+    assert (made["04"].config.checkpoint_segments, made["04"].config.batch_size, made["04"].update) == (3, 8, update)
+    assert made["05"].config.compiled and not made["05"].config.checkpoint_segments
+    composed = rungs.pipeline_recipe(code.__getitem__, lab)
+    assert composed.loader is loader and composed.update is update and composed.config.amp_dtype == "bfloat16"
+    assert not composed.config.compiled and not composed.config.checkpoint_segments
+    assert composed.notes == ("your 05 choice",)
+    code["05"] = {"COMPILE_TRAINING": True}
+    assert rungs.pipeline_recipe(code.__getitem__, lab).config.compiled
+    del code["05"]
+    assert rungs.pipeline_recipe(code.__getitem__, lab).notes == (
+        "not compiled: COMPILE_TRAINING was not kept from 05 (run its checks)",)
+    # what a judged notebook's worker loads beside its own code follows from the same rungs
+    assert {n: judge_setup.earlier_code(n) for n in judge_setup.NOTEBOOKS} == {
+        "01": (), "02": (), "03": ("02",), "04": ("02", "03"), "05": ("02", "03"), "06": ("02", "03", "05"), "07": ()}
 
 
 @pytest.mark.parametrize("master", course.graded_masters(), ids=lambda p: p.stem)

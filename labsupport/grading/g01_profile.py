@@ -33,7 +33,8 @@ import torch
 
 from .. import measure, pipeline, train
 from . import StudentCodeError, judge, register, student
-from .rungs import Rung
+from .judge_setup import Judged
+from .rungs import Recipe, Rung
 
 
 class _KnownWorkload:
@@ -430,9 +431,9 @@ def top_operators(namespace, lab, sides=None):
 
 # --- 01's rung: the naive baseline, no student code -----------------------------------------------
 
-def _baseline(code, lab):
-    return (pipeline.naive_loader(lab.profile, seed=lab.seed),
-            train.make_step(train.StepConfig(), lab.device, seed=lab.seed))
+RUNG = Rung(lambda code, lab, made: Recipe())  # the recipe every rung starts from
 
 
-RUNG = Rung(_baseline)
+# How the judge sets up 01's checks: no baseline worker (they measure the naive step themselves, and
+# its rung is the naive step's); a worker's buffer holds a profile's events.
+JUDGED = Judged(buffer_floor=4 * 2**20)

@@ -19,7 +19,8 @@ import torch
 
 from .. import measure, pipeline, train
 from . import partners, register, speed, student
-from .rungs import Rung, measured, their_loader
+from .judge_setup import Judged
+from .rungs import Recipe, Rung, measured
 
 # The first augmented training batches checked against the dataset's images (a loader that skips
 # augmentation serves them exactly).
@@ -128,9 +129,15 @@ def loader(namespace, lab, sides=None):
 
 # --- 02's rung: the student's loader feeding the lab's fp32 step ------------------------------------
 
-def _with_their_loader(code, lab):
-    return their_loader(code, lab), train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+def their_loader(code, lab, made: Recipe) -> Recipe:
+    """02's change: the student's ``make_fast_loader`` (in ``code("02")``) instead of the naive loader."""
+    return dataclasses.replace(made, loader=student(code("02"), "make_fast_loader", "02"))
 
 
-RUNG = Rung(_with_their_loader, extras=lambda found, lab: {
+RUNG = Rung(their_loader, extras=lambda found, lab: {
     "loader_speedup": measured(found, "02-loader-speedup"), "data_wait_share": measured(found, "02-data-wait-share")})
+
+
+# How the judge sets up 02's checks: the naive loader in a worker of its own; on CUDA a verdict
+# process decides (:func:`.judge_setup.judges` says why).
+JUDGED = Judged(baseline=True, not_on=("cuda",))

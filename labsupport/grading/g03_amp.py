@@ -25,7 +25,8 @@ import torch
 
 from .. import measure, memory, pipeline, train
 from . import CheckResult, StudentCodeError, judge, one_batch, partners, register, speed, student
-from .rungs import Rung, measured, their_loader
+from .judge_setup import Judged, MODEL_BYTES
+from .rungs import Recipe, Rung, measured
 
 
 def amp_step(fn: Callable, dtype: torch.dtype | None, channels_last: bool, device: torch.device,
@@ -285,12 +286,13 @@ def fp16_scaler(namespace, lab, sides=None):
 
 # --- 03's rung: their loader feeding their precision choice and mixed-precision step ---------------
 
-def rung_step(amp_code: dict, lab, compiled: bool = False) -> train.TrainStep:
-    """03's rung step, and compiled 05's: the student's 03 step (``amp_code``: 03's code) in their
-    03 precision."""
-    update = student(amp_code, "amp_train_step", "03")
+def their_step(code, lab, made: Recipe) -> Recipe:
+    """03's change: the student's ``amp_train_step`` as the update, in their ``choose_precision``'s
+    precision (in ``code("03")``)."""
+    amp_code = code("03")
     dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
-    return amp_step(update, dtype, channels_last, lab.device, seed=lab.seed, compiled=compiled)
+    return dataclasses.replace(made.configured(amp_dtype=dtype, channels_last=channels_last),
+                               update=student(amp_code, "amp_train_step", "03"))
 
 
 def _extras(found, lab) -> dict:
@@ -299,4 +301,8 @@ def _extras(found, lab) -> dict:
             "accuracy_fp32": accuracy.get("accuracy_fp32"), "accuracy": accuracy.get("accuracy")}
 
 
-RUNG = Rung(lambda code, lab: (their_loader(code, lab), rung_step(code("03"), lab)), extras=_extras, in_worker=True)
+RUNG = Rung(their_step, extras=_extras, in_worker=True)
+
+
+# How the judge sets up 03's checks: the lab's fp32 step in a worker of its own; a model's state crosses.
+JUDGED = Judged(baseline=True, buffer_floor=MODEL_BYTES + 2**20)

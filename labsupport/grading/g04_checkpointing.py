@@ -21,6 +21,7 @@ floor are computed where the check runs: in the grader, by the judge.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import torch
@@ -28,8 +29,9 @@ import torch.nn.functional as F
 
 from .. import measure, memory, train
 from . import StudentCodeError, judge, one_batch, partners, register, speed, student
-from .g03_amp import precision, timed_calls
-from .rungs import Rung, measured, their_loader
+from .g03_amp import timed_calls
+from .judge_setup import Judged, MODEL_BYTES
+from .rungs import Recipe, Rung, measured
 
 
 def segments_of(namespace) -> int:
@@ -457,19 +459,19 @@ def accumulation(namespace, lab, sides=None):
 
 # --- 04's rung: their checkpointing around their 03 step, spent on a doubled batch -----------------
 
-def rung_step(namespace: dict, amp_code: dict, lab) -> train.TrainStep:
-    """04's rung step: the student's checkpointing (``checkpointed``, ``SEGMENTS`` in ``namespace``)
-    around their 03 step in their 03 precision, at ``lab``'s batch (the rung's: twice the profile's)."""
-    update = student(amp_code, "amp_train_step", "03")
-    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
-    wrap, segments = student(namespace, "checkpointed", "04"), namespace.get("SEGMENTS")
-    config = train.StepConfig(amp_dtype=str(dtype).removeprefix("torch.") if dtype else None,
-                              channels_last=channels_last, checkpoint_segments=int(segments or 0),
-                              batch_size=lab.profile.batch_size)
-    return train.make_step(config, lab.device, seed=lab.seed, update=update, wrap=lambda model: wrap(model, segments))
+def their_checkpointing(code, lab, made: Recipe) -> Recipe:
+    """04's change: the student's checkpointing (``checkpointed``, ``SEGMENTS`` in ``code("04")``)
+    around the network, at ``lab``'s batch (the rung's: twice the profile's)."""
+    wrap, segments = student(code("04"), "checkpointed", "04"), code("04").get("SEGMENTS")
+    return dataclasses.replace(made.configured(checkpoint_segments=int(segments or 0), batch_size=lab.profile.batch_size),
+                               wrap=lambda model: wrap(model, segments))
 
 
-RUNG = Rung(lambda code, lab: (their_loader(code, lab), rung_step(code("04"), code("03"), lab)),
+RUNG = Rung(their_checkpointing,
             extras=lambda found, lab: {"batch_size": lab.profile.batch_size,
                                        "peak_ratio": measured(found, "04-peak-ratio")},
-            in_worker=True, batch_factor=2, counts_peak=True)
+            in_worker=True, batch_factor=2, counts_peak=True, in_pipeline=False)
+
+
+# How the judge sets up 04's checks: the lab's plain network in a worker of its own; a model's state crosses.
+JUDGED = Judged(baseline=True, buffer_floor=MODEL_BYTES + 2**20)

@@ -17,8 +17,9 @@ import torch
 
 from .. import hardware, measure, train
 from . import CheckResult, StudentCodeError, carried, judge, one_batch, register, speed, student
-from .g03_amp import precision, rung_step
-from .rungs import Rung, measured, their_loader
+from .g03_amp import precision
+from .judge_setup import Judged
+from .rungs import Recipe, Rung, measured
 
 
 class Inference:
@@ -187,6 +188,21 @@ def _break_even_errors(answer, cases) -> list[str]:
 
 # --- 05's rung: their 03 step, compiled, fed by their loader -----------------------------------------
 
-RUNG = Rung(lambda code, lab: (their_loader(code, lab), rung_step(code("03"), lab, compiled=True)),
+def as_they_chose(code, lab, made: Recipe) -> Recipe:
+    """05's change in 06's pipeline: compiled as the student's ``COMPILE_TRAINING`` chose (kept from
+    05); without that choice, not compiled, and the recipe says so."""
+    try:
+        chosen = code("05")["COMPILE_TRAINING"]
+    except (StudentCodeError, KeyError):
+        return dataclasses.replace(made, notes=made.notes + (
+            "not compiled: COMPILE_TRAINING was not kept from 05 (run its checks)",))
+    return dataclasses.replace(made.configured(compiled=bool(chosen)), notes=made.notes + ("your 05 choice",))
+
+
+RUNG = Rung(lambda code, lab, made: made.configured(compiled=True), pipeline_change=as_they_chose,
             extras=lambda found, lab: {"inference_speedup": measured(found, "05-compile-speedup")},
             in_worker=True, compiled=True)
+
+
+# How the judge sets up 05's checks: eager inference in a worker of its own.
+JUDGED = Judged(baseline=True)

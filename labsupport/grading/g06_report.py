@@ -27,8 +27,9 @@ import pandas as pd
 import torch
 
 from .. import measure, notebooks, pipeline, report, results, train
-from . import StudentCodeError, carried, judge, partners, register, speed, student, written_now
-from .g03_amp import amp_step, precision, timed_calls, trains
+from . import carried, judge, partners, register, rungs, speed, student, written_now
+from .g03_amp import timed_calls, trains
+from .judge_setup import Judged, MODEL_BYTES
 
 
 @register("06-stages")
@@ -116,20 +117,15 @@ def ladder_table(namespace, lab, sides=None):
 def composed_step(lab, *, seed: int | None = None) -> tuple[train.TrainStep, object, str]:
     """The student's optimised training, composed from their own code: ``(step, loader, note)``.
 
-    02's loader, 03's precision choice and mixed-precision step, and 05's ``COMPILE_TRAINING``
-    choice (all carried forward), at the baseline's batch: checkpointing buys memory, not speed,
-    so it is not in it. Without a compile choice from 05 the step is not compiled, and the note
-    says so.
+    Every rung that buys speed, in ladder order, changed as the student's carried code says
+    (:func:`.rungs.pipeline_recipe`; today 02's loader, 03's precision choice and mixed-precision
+    step, and 05's ``COMPILE_TRAINING`` choice), at the baseline's batch: checkpointing buys
+    memory, not speed, so it is not in it. The note says what a change could not do as asked
+    (no compile choice kept from 05: not compiled).
     """
-    loader_code, amp_code = carried("02", lab), carried("03", lab)
-    dtype, channels_last = precision(amp_code.choose_precision, lab.machine)
-    try:
-        compiled, note = bool(carried("05", lab).COMPILE_TRAINING), "your 05 choice"
-    except (StudentCodeError, AttributeError):
-        compiled, note = False, "not compiled: COMPILE_TRAINING was not kept from 05 (run its checks)"
-    step = amp_step(amp_code.amp_train_step, dtype, channels_last, lab.device,
-                    seed=lab.seed if seed is None else seed, compiled=compiled)
-    return step, loader_code.make_fast_loader(lab), note
+    made = rungs.pipeline_recipe(lambda n: vars(carried(n, lab)), lab)
+    loader, step = made.build(lab, seed=seed)
+    return step, loader, "; ".join(made.notes)
 
 
 class HeldPipeline:
@@ -218,11 +214,10 @@ class Here:
     def pipeline(self, side: str) -> HeldPipeline:
         """The naive pipeline (``side="baseline"``) or the student's composed one (``"candidate"``)."""
         lab = self.lab
-        if side == "baseline":
-            step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
-            batches = pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed))
-            return HeldPipeline(step, batches, partners.snapshot(step.model), seed=lab.seed, keep=False,
-                                non_blocking=False)
+        if side == "baseline":  # the ladder's baseline: the naive loader feeding the lab's fp32 step
+            loader, step = rungs.Recipe().build(lab)
+            return HeldPipeline(step, pipeline.forever(loader), partners.snapshot(step.model), seed=lab.seed,
+                                keep=False, non_blocking=False)
         step, loader, note = composed_step(lab)
         return HeldPipeline(step, pipeline.forever(loader, timed=True), fp32_start(lab), seed=lab.seed,
                             keep=True, non_blocking=True, note=note)
@@ -376,3 +371,10 @@ def html_report(namespace, lab, sides=None):
     missing = [k for k, v in found.items() if not v]
     return [judge("06-html", float(not missing), lab, correct=not missing,
                   why_incorrect=f"{path} lacks: {', '.join(missing)}")]
+
+
+# How the judge sets up 06's checks: the naive pipeline in a worker of its own, the ladder and the
+# report handed over, the composed pipeline built from the rungs; a model's state crosses; on a GPU
+# a verdict process decides (:func:`.judge_setup.judges` says why).
+JUDGED = Judged(baseline=True, reads_ladder=True, composes=True, buffer_floor=MODEL_BYTES + 2**20,
+                not_on=("cuda", "mps"))

@@ -32,6 +32,7 @@ import torch
 
 from .. import compress, measure
 from . import CheckResult, StudentCodeError, exported, judge, register, speed, student
+from .judge_setup import Judged, MODEL_BYTES
 
 _TRAINED: dict[tuple, tuple] = {}  # (profile, seed, device) -> (data, fp32 model, its accuracy)
 _DATA: list = []  # the lab's images at 07's size, decoded once per process
@@ -419,3 +420,8 @@ def distillation(namespace, lab, sides=None):
                           f"{compress.DISTILL_STEPS} steps, alpha {compress.DISTILL_ALPHA}, T {compress.DISTILL_TEMPERATURE})",
                      details={"distilled": distilled, "alone": alone})
     return [loss, accurate]
+
+
+# How the judge sets up 07's checks: no baseline worker (the judge trains and compiles the fp32
+# model itself); a model's state crosses.
+JUDGED = Judged(buffer_floor=MODEL_BYTES + 2**20)

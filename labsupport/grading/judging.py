@@ -1,7 +1,7 @@
 """The judge: a notebook's verdicts decided by a process that never runs the student's code.
 
 ``python -P -m labsupport.grading.judging SPEC.json`` is what ``python -m autograder grade`` runs for
-every notebook where :func:`judges` says so (02 on CUDA and 06 on GPUs still go through
+every notebook where :func:`.judge_setup.judges` says so (02 on CUDA and 06 on GPUs still go through
 :mod:`.verdict`). It starts two workers (:mod:`.worker`), each in the submission's sandbox: one
 that loads the student's carried code, and one that loads none and serves labsupport's baseline
 (01 and 07 need none). Then it runs the notebook's own
@@ -43,42 +43,13 @@ from pathlib import Path
 
 from .. import notebooks
 
-# Every graded notebook of the registry (judges(): 02 and 06 not on every device).
-NOTEBOOKS = tuple(nb.number for nb in notebooks.NOTEBOOKS if nb.graded)
+from .judge_setup import setup_of
 
 
 def functions_of(number: str) -> tuple[str, ...]:
     """The student's functions notebook ``number``'s checks call, by name (the registry's graded
     names less its constants, such as 04's SEGMENTS): the judge asks its worker for them."""
     return tuple(name for name in notebooks.get(number).graded if not name.isupper())
-
-
-# Notebooks compared with a baseline that a worker of its own serves (01 and 07 have none: their
-# checks measure what they compare with themselves, in the judge; 01's rung is the naive step's,
-# and 07 trains and compiles its fp32 model here).
-BASELINE = ("02", "03", "04", "05", "06")
-# Earlier notebooks' carried code a judged notebook's worker loads beside its own (03, 04 and 05:
-# the rung is the student's 03 step, for 04 checkpointed, for 05 compiled, fed by their 02 loader;
-# 05 infers in their 03 precision; 06's pipeline is their 02 loader, 03 step and 05 compile choice).
-EARLIER_CODE = {"01": (), "02": (), "03": ("02",), "04": ("02", "03"), "05": ("02", "03"), "06": ("02", "03", "05"),
-                "07": ()}
-# Notebooks whose checks read the ladder (every rung recorded so far) and the report the kernel
-# exported: the grader hands the judge its own copies of both (``inputs/rungs``, ``inputs/report.html``).
-READS_LADDER = ("06",)
-
-
-def judges(number: str, profile: str) -> bool:
-    """Whether the judge decides notebook ``number`` under ``profile``: 01, 03, 04, 05 and 07
-    everywhere (only losses, sampled updates, weights, logits, timings, profiler tables and 07's
-    exported model as data cross; 05's judge's tests passed on an H200, the others' have not run
-    on a GPU; 07 runs on the CPU on every class); 02 off CUDA and 06 off GPUs. On CUDA, 02's batches would cross to the judge
-    through host memory (the lab's largest, 157 MB at 160 px), which no loader pays in a notebook;
-    sharing them through CUDA IPC instead is not yet built. 06 grades a whole pipeline, whose
-    asynchronous steps (no ``loss.item()`` every step) are part of what it measures, and every
-    reply of a worker waits for its device (a timed call's update crosses on the clock): on a
-    GPU that would take the overlap away from the student's pipeline."""
-    off = {"02": ("cuda",), "06": ("cuda", "mps")}.get(number, ())
-    return number in NOTEBOOKS and not (off and profile.startswith(off))
 
 
 LOG_CHARS = 2000  # of a worker's own output, kept for a failure's message
@@ -574,15 +545,11 @@ def _stand_in(name: str):
 
 # 03's, 04's, 06's and 07's weights, gradients and BatchNorm buffers cross whole (ResNet-18's
 # 11.2 M float32 parameters: 45 MB; 07's int8 model, 11 MB).
-MODEL_BYTES = 48 * 2**20
-
-
 def buffer_bytes(profile, number: str = "") -> int:
-    """The shared buffer a worker's batch crosses: twice a float32 batch of the profile, 1 MiB more;
-    for 03, 04, 06 and 07, at least a model's state; for 01, a profile's events (4 MiB)."""
+    """The shared buffer a worker's batch crosses: twice a float32 batch of the profile, 1 MiB more,
+    or notebook ``number``'s ``JUDGED.buffer_floor`` where that is more."""
     batch = 2 * profile.batch_size * 3 * profile.image_size ** 2 * 4 + 2**20
-    floor = {"01": 4 * 2**20}.get(number, MODEL_BYTES + 2**20 if number in ("03", "04", "06", "07") else 0)
-    return max(batch, floor)
+    return max(batch, setup_of(number).buffer_floor if number else 0)
 
 
 def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> dict | None:
@@ -650,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         _decide(number, grading.run(number, {}, lab=lab, keep=False), out)
     else:
         with Worker("student", worker_spec, **kw) as student, \
-                (Worker("baseline", worker_spec, **kw) if number in BASELINE else contextlib.nullcontext()) as baseline:
+                (Worker("baseline", worker_spec, **kw) if setup_of(number).baseline else contextlib.nullcontext()) as baseline:
             sides = Sides(student, baseline)
             loaded, names, patched = "", [], []
             for worker in (student, baseline) if baseline else (student,):

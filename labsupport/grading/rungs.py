@@ -4,16 +4,21 @@ A notebook records its rung in a cell the student can edit; the grader measures 
 the code the notebook's checks carried forward, into its own results store. 06's checks read only
 that store, so a rung typed, edited or written by hand in the student's kernel is never graded.
 
-Each grading module whose notebook records a rung (a ``stage`` in labsupport/notebooks.py) says
-how it is built, as its ``RUNG`` (a :class:`Rung`); this module measures any of them the same
-way, as the notebooks do (the same ``measure_rung``), and the judge drives the ones whose step
-runs the student's code from outside (:mod:`.judging`, :mod:`.worker`). Today's rungs:
+The ladder is a loop. Each grading module whose notebook records a rung (a ``stage`` in
+labsupport/notebooks.py) declares, as its ``RUNG`` (a :class:`Rung`), the one change its rung
+makes to a :class:`Recipe` (a loader and a training step). A rung's recipe is the baseline's with
+the changes of every rung along its chain (the registry's ``builds_on``) applied in turn; 06's
+composed pipeline is the changes of every rung that buys speed, in ladder order. This module
+measures any rung the same way, as the notebooks do (the same ``measure_rung``), and the judge
+drives the ones whose step runs the student's code from outside (:mod:`.judging`, :mod:`.worker`).
+Today's changes:
 
 - 01: the naive baseline (naive loader, fp32 step, ``loss.item()`` every step);
-- 02: the student's loader feeding the fp32 step;
-- 03: their loader feeding their precision choice and mixed-precision step;
-- 04: their checkpointing (``checkpointed``, ``SEGMENTS``) around their 03 step, at twice the batch;
-- 05: their 03 step, compiled.
+- 02: the student's loader instead of the naive one;
+- 03: their precision choice and mixed-precision step;
+- 04: their checkpointing (``checkpointed``, ``SEGMENTS``), at twice the batch (memory, not speed:
+  not in 06's pipeline);
+- 05: the step compiled (in 06's pipeline: as their ``COMPILE_TRAINING`` chose).
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ import importlib
 from dataclasses import dataclass
 from collections.abc import Callable
 
-from .. import notebooks, report, train
-from . import CheckResult, carried, module_name, student
+from .. import notebooks, pipeline, report, train
+from . import CheckResult, carried, module_name
 
 
 def measured(found: dict[str, CheckResult], check: str) -> float | None:
@@ -33,20 +38,52 @@ def measured(found: dict[str, CheckResult], check: str) -> float | None:
     return None if result is None else result.measured
 
 
+def _naive_loader(lab):
+    return pipeline.naive_loader(lab.profile, seed=lab.seed)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A training pipeline as the ladder builds it, rung by rung: the baseline's (the naive loader
+    feeding the lab's fp32 step) until a rung changes it."""
+
+    loader: Callable[[object], object] = _naive_loader  # lab -> the loader, at that lab's batch
+    config: train.StepConfig = train.StepConfig()
+    update: Callable | None = None  # the student's update function (03's amp_train_step), or the lab's
+    wrap: Callable | None = None  # model -> the network forward calls (04's checkpointing)
+    notes: tuple[str, ...] = ()  # what a change could not do as asked (06's pipeline says it)
+
+    def configured(self, **changes) -> Recipe:
+        """This recipe with its step's config changed."""
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
+
+    def build(self, lab, *, seed: int | None = None) -> tuple[object, train.TrainStep]:
+        """``(loader, step)`` at ``lab``: a fresh seeded ResNet-18 (``seed``, else the lab's)."""
+        loader = self.loader(lab)
+        return loader, train.make_step(self.config, lab.device, seed=lab.seed if seed is None else seed,
+                                       update=self.update, wrap=self.wrap)
+
+
+# (code, lab, recipe) -> recipe: code(number) is that notebook's graded code as a dict (this
+# notebook's own, or what an earlier one carried forward); lab is the rung's own.
+Change = Callable[[Callable[[str], dict], object, Recipe], Recipe]
+
+
 @dataclass(frozen=True)
 class Rung:
     """How the grader measures one notebook's rung (the notebook's grading module declares it as
     ``RUNG``)."""
 
-    # (code, lab) -> (loader, step): code(number) is that notebook's graded code as a dict (this
-    # notebook's own, or what an earlier one carried forward); lab is the rung's own.
-    build: Callable[[Callable[[str], dict], object], tuple[object, train.TrainStep]]
+    change: Change  # what this rung changes in the recipe of the rung it builds on
     # (found, lab) -> what is recorded beside the rung, from this notebook's checks
     extras: Callable[[dict, object], dict] = lambda found, lab: {}
     in_worker: bool = False  # the step runs the student's code: in their worker, timed by the judge
     batch_factor: int = 1  # the rung's batch, in the profile's batches (04: twice, its point)
     counts_peak: bool = False  # the worker counts one step's peak memory (the rung's point is memory)
     compiled: bool = False  # the step is compiled (the worker starts Dynamo afresh first)
+    in_pipeline: bool = True  # in 06's composed pipeline (False: a rung that buys memory, not speed)
+    # its change in 06's pipeline, where that differs (05: compiled only where the student chose to)
+    pipeline_change: Change | None = None
 
 
 def of(number: str) -> Rung | None:
@@ -60,18 +97,57 @@ def of(number: str) -> Rung | None:
     return module.RUNG
 
 
+def chain(number: str) -> tuple[notebooks.Notebook, ...]:
+    """The notebooks whose changes make notebook ``number``'s rung: the baseline first, along the
+    registry's ``builds_on``, ``number`` last."""
+    nb = notebooks.get(number)
+    out = [nb]
+    while nb.builds_on:
+        nb = notebooks.by_stage(nb.builds_on)
+        out.insert(0, nb)
+    return tuple(out)
+
+
+def in_pipeline() -> tuple[notebooks.Notebook, ...]:
+    """The notebooks whose changes make 06's composed pipeline: every rung that buys speed, in ladder order."""
+    return tuple(nb for nb in notebooks.rungs() if of(nb.number).in_pipeline)
+
+
+def recipe(number: str, code: Callable[[str], dict], lab) -> Recipe:
+    """Notebook ``number``'s rung: the baseline, changed by every rung of its chain in turn."""
+    made = Recipe()
+    for nb in chain(number):
+        made = of(nb.number).change(code, lab, made)
+    return made
+
+
+def pipeline_recipe(code: Callable[[str], dict], lab) -> Recipe:
+    """06's composed pipeline: the baseline, changed by every rung that buys speed as its notebook
+    chose, in ladder order, at ``lab``'s batch."""
+    made = Recipe()
+    for nb in in_pipeline():
+        rung = of(nb.number)
+        made = (rung.pipeline_change or rung.change)(code, lab, made)
+    return made
+
+
+def earlier_code(number: str, *, composes: bool = False) -> tuple[str, ...]:
+    """The earlier notebooks whose carried code notebook ``number``'s checks build on: those whose
+    rungs change its own rung's recipe (or, where it ``composes`` 06's pipeline, that pipeline's),
+    the baseline aside (it holds no student code)."""
+    if composes:
+        return tuple(nb.number for nb in in_pipeline()[1:])
+    if notebooks.get(number).stage is None:
+        return ()
+    return tuple(nb.number for nb in chain(number)[1:-1])
+
+
 def rung_lab(rung: Rung, lab):
     """``lab`` at the rung's batch."""
     if rung.batch_factor == 1:
         return lab
     return dataclasses.replace(lab, profile=dataclasses.replace(
         lab.profile, batch_size=rung.batch_factor * lab.profile.batch_size))
-
-
-def their_loader(code: Callable[[str], dict], lab):
-    """The student's 02 loader (``make_fast_loader`` in ``code("02")``), built at ``lab``'s batch:
-    what feeds every rung after the baseline."""
-    return student(code("02"), "make_fast_loader", "02")(lab)
 
 
 def code_of(namespace: dict, number: str, lab) -> Callable[[str], dict]:
@@ -82,9 +158,8 @@ def code_of(namespace: dict, number: str, lab) -> Callable[[str], dict]:
 
 def build(number: str, namespace: dict, lab) -> tuple[object, train.TrainStep, object]:
     """Notebook ``number``'s rung as ``(loader, step, the rung's lab)``."""
-    rung = of(number)
-    at = rung_lab(rung, lab)
-    loader, step = rung.build(code_of(namespace, number, lab), at)
+    at = rung_lab(of(number), lab)
+    loader, step = recipe(number, code_of(namespace, number, lab), at).build(at)
     return loader, step, at
 
 

@@ -2,7 +2,7 @@
 
 ``python -m labsupport.grading.verdict SPEC.json`` is what ``python -m autograder grade`` runs
 after a notebook's kernel has finished (in the same sandbox as the kernel, where there is one),
-for the notebooks the judge does not decide (:func:`.judging.judges`: 02 on CUDA and 06 on
+for the notebooks the judge does not decide (:func:`.judge_setup.judges`: 02 on CUDA and 06 on
 GPUs); it runs the student's code in the process that decides, which the judge never does.
 What the student's kernel printed, stored or scored is not read: this process
 

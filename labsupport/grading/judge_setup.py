@@ -1,0 +1,70 @@
+"""How the judge sets up each notebook's checks: the ``JUDGED`` every graded notebook's grading
+module declares (a :class:`Judged`), and what follows from it.
+
+The grader reads it before a judge starts (which earlier notebooks' code to hand over, whether the
+judge decides at all on this device class); the judge (:mod:`.judging`) reads it to start its workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from .. import notebooks
+from . import module_name
+
+# Every graded notebook of the registry (judges(): 02 and 06 not on every device).
+NOTEBOOKS = tuple(nb.number for nb in notebooks.NOTEBOOKS if nb.graded)
+
+
+MODEL_BYTES = 48 * 2**20  # a ResNet-18's state, in float32, with room to spare (a worker's buffer floor)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """How the judge sets up one notebook's checks: each graded notebook's grading module declares
+    it as ``JUDGED``. The earlier notebooks' carried code its student worker loads beside its own
+    is not declared: it follows from the rungs (:func:`.rungs.earlier_code`)."""
+
+    # A worker of its own serves labsupport's baseline, which the student's code is compared with
+    # (01 and 07 have none: their checks measure what they compare with themselves, in the judge).
+    baseline: bool = False
+    # The checks read the ladder (every rung recorded so far) and the report the kernel exported:
+    # the grader hands the judge its own copies of both (``inputs/rungs``, ``inputs/report.html``).
+    reads_ladder: bool = False
+    composes: bool = False  # the checks build 06's composed pipeline (:func:`.rungs.pipeline_recipe`)
+    buffer_floor: int = 0  # the least a worker's shared buffer holds (a model's state, a profile's events)
+    # Device classes (profile prefixes) where a verdict process decides instead (:func:`judges`).
+    not_on: tuple[str, ...] = ()
+
+
+def setup_of(number: str) -> Judged:
+    """Notebook ``number``'s ``JUDGED``, from its grading module (a ValueError where it declares none)."""
+    module = importlib.import_module(f".{module_name(number)}", __package__)
+    if not isinstance(getattr(module, "JUDGED", None), Judged):
+        raise ValueError(f"{module.__name__} declares no JUDGED (how the judge sets up notebook {number}'s checks)")
+    return module.JUDGED
+
+
+def earlier_code(number: str) -> tuple[str, ...]:
+    """The earlier notebooks' carried code notebook ``number``'s student worker loads beside its own."""
+    from . import rungs
+
+    return rungs.earlier_code(number, composes=setup_of(number).composes)
+
+
+def judges(number: str, profile: str) -> bool:
+    """Whether the judge decides notebook ``number`` under ``profile``: every graded notebook,
+    except where its ``JUDGED.not_on`` names the profile's class (today 02 on CUDA and 06 on GPUs;
+    only losses, sampled updates, weights, logits, timings, profiler tables and 07's exported model
+    as data cross; 05's judge's tests passed on an H200, the others' have not run on a GPU; 07 runs
+    on the CPU on every class). On CUDA, 02's batches would cross to the judge through host memory
+    (the lab's largest, 157 MB at 160 px), which no loader pays in a notebook; sharing them through
+    CUDA IPC instead is not yet built. 06 grades a whole pipeline, whose asynchronous steps (no
+    ``loss.item()`` every step) are part of what it measures, and every reply of a worker waits for
+    its device (a timed call's update crosses on the clock): on a GPU that would take the overlap
+    away from the student's pipeline."""
+    if number not in NOTEBOOKS:
+        return False
+    off = setup_of(number).not_on
+    return not (off and profile.startswith(off))
