@@ -80,6 +80,9 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     for earlier in judge_setup.earlier_code(number) if judged else ():
         name = f"code/{earlier}.py"
         wanted.append((dirs.judged if (dirs.judged / name).is_file() else dirs.store, name))
+        changed = _changed_since_checked(dirs, name)
+        if changed:
+            problems.append(changed)
     taken = {}  # where in inputs a file goes, where not under its own name
     if judged and judge_setup.setup_of(number).reads_ladder:
         # 06 judges the report its kernel exported, and the ladder: the judges' rungs are root's
@@ -132,6 +135,23 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     verdict["seconds"] = done.seconds
     verdict.setdefault("problems", []).extend(problems)
     return verdict
+
+
+def _changed_since_checked(dirs, name: str) -> str:
+    """A note where the kernel's copy of carried code ``name`` (``code/<NN>.py`` in its results
+    store) is not the one root kept when that notebook's checks were judged: a later kernel changed
+    it. The judge takes root's copy either way; the note says so."""
+    ours = dirs.judged / name
+    if not ours.is_file():
+        return ""
+    try:
+        theirs = boundary.read(dirs.results, name)
+    except OSError:  # removed, or not a plain file (root follows no link)
+        theirs = None
+    if theirs == ours.read_bytes():
+        return ""
+    return (f"{name} in your results store is not the code notebook {Path(name).stem}'s checks measured "
+            "(it was changed or removed after they ran): the grader used the code they measured")
 
 
 def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str, str], box: sandbox.Sandbox | None,
@@ -306,6 +326,15 @@ def keep(where: course.Course | Path, student: str, notebook: str, verdict: dict
     path = folder / f"{notebook}.json"
     path.write_text(json.dumps(kept, indent=1))
     return path
+
+
+def noted(where: course.Course | Path, student: str, notebook: str) -> list[str]:
+    """What the verdict process noted beside the decisions :func:`keep` wrote (empty if nothing)."""
+    try:
+        found = json.loads((course.of(where).verdicts(student) / f"{notebook}.json").read_text())
+        return [str(p) for p in found["verdict_process"]["problems"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def kept(where: course.Course | Path, student: str, notebook: str) -> dict[str, dict]:

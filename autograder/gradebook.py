@@ -69,7 +69,8 @@ def feedback(where: Course | Path, student: str) -> None:
     if not made["success"]:
         print(f"{student}: generate_feedback failed: {last_error_line(made)}")
     for kept in sorted(the.verdicts(student).glob("*.json")):
-        reports.judged_feedback(the, student, kept.stem, deciding.kept(the, student, kept.stem))
+        reports.judged_feedback(the, student, kept.stem, deciding.kept(the, student, kept.stem),
+                                deciding.noted(the, student, kept.stem))
 
 
 # --- what the gradebook knows ---------------------------------------------------------------------

@@ -23,9 +23,11 @@ from . import course
 JUDGE_HEADING = "The grader's verdicts"
 
 
-def judged_feedback(where: course.Course | Path, student: str, notebook: str, decided: dict[str, dict]) -> Path | None:
+def judged_feedback(where: course.Course | Path, student: str, notebook: str, decided: dict[str, dict],
+                    problems: list[str] = ()) -> Path | None:
     """Put the grader's table (check, measured, bar, result, reason, note) at the top of
-    ``notebook``'s feedback page, and label what follows as the student's own kernel run.
+    ``notebook``'s feedback page, with what the grader noted beside it (``problems``), and label
+    what follows as the student's own kernel run.
 
     The feedback page is nbgrader's rendering of the notebook as the student's kernel ran it: its
     self-check tables are the kernel's measurements, while each test cell's score is the grader's.
@@ -46,6 +48,8 @@ def judged_feedback(where: course.Course | Path, student: str, notebook: str, de
              "outside your kernel, on the code your checks carried forward, and decided it against this "
              "machine's bar. A result far above the reference waits for your instructor (\"review\").</p>"
              + table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}", escape=True)
+             + ("<p>The grader noted:</p><ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in problems) + "</ul>"
+                if problems else "")
              + "<p><b>Below: your notebook as your own kernel ran it.</b> Its self-check tables are your "
                "kernel's own measurements (the student's self-check); where they differ from the table "
                "above, the grader's table decides.</p></section>")

@@ -295,6 +295,33 @@ def test_the_verdict_kept_is_bounded_plain_data(judged, tmp_path):
     assert path.stat().st_size < 20_000 and kept["verdict_process"]["rung"] is None
     assert list(kept["verdict_process"]["checks"]) == ["02-loader-speedup"]
     assert deciding.kept(tmp_path, "dana", "02_data_loading")["02-loader-speedup"]["result"] == "pass"
+    assert deciding.noted(tmp_path, "dana", "02_data_loading") == ["p" * deciding.NOTE_CHARS] * 20
+
+
+def test_carried_code_changed_after_its_check_is_noted_and_root_keeps_the_measured_copy(tmp_path):
+    """A later notebook's kernel that rewrites (or removes) an earlier notebook's carried code in
+    its results store changes nothing the judge takes (root's copy, kept when that notebook was
+    judged), and the student is told; a link in its place is not followed."""
+    from autograder import deciding
+    from autograder.submission import Folders
+
+    dirs = Folders(tmp_path / "work")
+    (dirs.judged / "code").mkdir(parents=True)
+    (dirs.results / "code").mkdir(parents=True)
+    measured = "def make_fast_loader(lab):\n    return 'measured'\n"
+    (dirs.judged / "code" / "02.py").write_text(measured)
+    (dirs.results / "code" / "02.py").write_text(measured)
+    assert deciding._changed_since_checked(dirs, "code/02.py") == ""
+    assert deciding._changed_since_checked(dirs, "code/03.py") == ""  # nothing judged yet: nothing to compare
+    (dirs.results / "code" / "02.py").write_text(measured.replace("measured", "faster"))
+    note = deciding._changed_since_checked(dirs, "code/02.py")
+    assert "not the code notebook 02's checks measured" in note and "used the code they measured" in note
+    (dirs.results / "code" / "02.py").unlink()
+    (dirs.results / "code" / "02.py").symlink_to(dirs.judged / "code" / "02.py")  # the same bytes, through a link
+    assert "not the code" in deciding._changed_since_checked(dirs, "code/02.py")
+    (dirs.results / "code" / "02.py").unlink()
+    assert "removed" in deciding._changed_since_checked(dirs, "code/02.py")
+    assert (dirs.judged / "code" / "02.py").read_text() == measured
 
 
 def test_nbgrader_autograde_alone_refuses_to_grade(course_root):

@@ -357,7 +357,7 @@ def _distill_errors(cases: list[Case], got: list[tuple[float, torch.Tensor]]) ->
         logits = case.student.double().requires_grad_(True)
         value = distillation_reference(logits, case.teacher.double(), case.labels, case.alpha, case.temperature, **kw)
         value.backward()
-        return float(value), logits.grad
+        return float(value.detach()), logits.grad
 
     def error(mine, want) -> float:
         (value, grad), (v, g) = mine, want
