@@ -6,8 +6,8 @@ After nbgrader has run a notebook, :func:`run` starts the verdict process
 (:mod:`labsupport.grading.verdict`) on the code that notebook's checks carried forward, in the
 submission's sandbox where there is one. :func:`record` then writes what it measured into the
 gradebook, test cell by test cell: a cell scores its points when every check it requires passed
-(or does not apply here), else 0, whatever the kernel's own run of that cell said. A cell whose
-kernel score differs is reported (the grade summary's "kernel disagreed" column).
+(or does not apply here), else 0. The kernel measured nothing (its checks were left to the grader:
+``labsupport.grading.MEASURED_BY_THE_GRADER``), and whatever its run of a test cell said is replaced.
 
 :func:`snapshot` and :func:`restore` guard the gradebook around each submission: another
 student's grades must come out as they went in, and this student's extra credit must be what
@@ -345,22 +345,17 @@ def kept(where: course.Course | Path, student: str, notebook: str) -> dict[str, 
         return {}
 
 
-def record(gb, assignment: str, student: str, notebook: str, passed: dict[str, bool]) -> list[str]:
-    """Write the verdicts' scores for ``notebook``'s test cells; returns the cells the kernel scored otherwise."""
+def record(gb, assignment: str, student: str, notebook: str, passed: dict[str, bool]) -> None:
+    """Write the verdicts' scores for ``notebook``'s test cells, over whatever the kernel's run said."""
     from nbgrader.api import MissingEntry
 
-    disagreed = []
     for cell, ok in passed.items():
         try:
             grade = gb.find_grade(cell, notebook, assignment, student)
         except MissingEntry:
             continue  # the notebook never ran far enough for nbgrader to record it: scores 0
-        score = float(grade.max_score) if ok else 0.0
-        if grade.auto_score is not None and float(grade.auto_score) != score:
-            disagreed.append(f"{cell} (kernel {grade.auto_score:g}, grader {score:g})")
-        grade.auto_score = score
+        grade.auto_score = float(grade.max_score) if ok else 0.0
     gb.db.commit()
-    return disagreed
 
 
 def snapshot(gb, assignment: str) -> dict[tuple[str, str, str], tuple]:

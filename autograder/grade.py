@@ -142,8 +142,6 @@ def summary(grades: list[NotebookGrade]) -> pd.DataFrame:
                      "missing": named("missing"),
                      "edited read-only cells": "; ".join(f"{n}: {', '.join(c)}" for n, c in
                                                          zip(group.notebook, group.edited_cells) if c),
-                     "kernel disagreed": "; ".join(f"{n}: {', '.join(c)}" for n, c in
-                                                   zip(group.notebook, group.kernel_disagreed) if c),
                      "gradebook repaired": "; ".join(r for rs in group.repaired for r in rs),
                      "failed to grade": named("failed to grade"),
                      "needs manual grading": ", ".join(group.loc[group.needs_manual, "notebook"])})

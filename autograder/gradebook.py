@@ -156,7 +156,7 @@ def export(where: Course | Path, grades: list) -> dict[str, Path]:
         CsvExportPlugin(to=str(paths["grades"]), config=the.app_config()).export(gb)
     scores_by_check(the).to_csv(paths["grades_by_check"], index=False)
     summary = pd.DataFrame([asdict(g) for g in grades])
-    for column in ("edited_cells", "errors", "kernel_disagreed", "repaired", "review"):
+    for column in ("edited_cells", "errors", "repaired", "review"):
         if column in summary:
             summary[column] = summary[column].map(" | ".join)
     summary.to_csv(paths["grading_summary"], index=False)

@@ -35,6 +35,8 @@ import nbformat
 
 from nbgrader.preprocessors import Execute
 
+from labsupport.grading import MEASURED_BY_THE_GRADER
+
 from . import boundary, course, deciding, gradebook, sandbox
 from .course import Course
 
@@ -56,7 +58,6 @@ class NotebookGrade:
     errors: list[str] = field(default_factory=list)  # cells that raised: "cell id: Error: message"
     needs_manual: bool = False  # a manually graded cell (06's analysis) awaits the instructor
     verdict_s: float = 0.0  # seconds the grader's verdict process took
-    kernel_disagreed: list[str] = field(default_factory=list)  # test cells the kernel scored otherwise
     repaired: list[str] = field(default_factory=list)  # gradebook entries put back after this notebook
     review: list[str] = field(default_factory=list)  # checks held for a person, with their figures
     wall_s: float = 0.0  # this notebook's grading from start to recorded: kernel, verdict and the rest
@@ -300,6 +301,8 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
            "LAB_CALIBRATION": batch.settings["calibration"] or os.devnull,
            "LAB_THRESHOLDS": batch.settings["thresholds"],  # the batch's copy, for the grader's decisions too
            "JUPYTER_RUNTIME_DIR": str(dirs.run), "JUPYTER_PATH": str(dirs.jupyter),
+           # The judge measures every check after the kernel: the kernel's self-check does not.
+           MEASURED_BY_THE_GRADER: "1",
            # One Inductor cache per submission, shared by its kernels and verdict processes (never
            # between submissions): the verdict re-uses what the kernel compiled for the same code.
            "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)}
@@ -383,10 +386,9 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
             decisions, passed = deciding.score(found, cells, batch.machine)
             deciding.keep(the, student, name, found, decisions)
             with the.gradebook() as gb:
-                disagreed = deciding.record(gb, the.assignment, student, name, passed)
+                deciding.record(gb, the.assignment, student, name, passed)
             grades.append(NotebookGrade(student, name, status, 0.0, 0.0, seconds, edited, errors,
                                         verdict_s=float(deciding.finite(found.get("seconds")) or 0.0),
-                                        kernel_disagreed=disagreed,
                                         review=[f"{d.check}: {d.note}" for d in decisions.values()
                                                 if d.result == "review"],
                                         wall_s=time.perf_counter() - began))

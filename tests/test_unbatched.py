@@ -58,3 +58,39 @@ def test_scenario_notebook_loses_exactly_its_points(built, scenario, notebook, t
     lost = {cell for cell, ok in passed.items() if not ok}
     notes = {c: f"{r.status}: {r.note}" for c, r in found.items()}
     assert lost == LOSES[scenario].get(notebook, set()), f"{scenario} {notebook}: lost {sorted(lost)}; {notes}"
+
+
+def test_the_untouched_release_fails_every_check_of_its_own_self_check(tiny_env, monkeypatch):
+    """What `nbgrader validate --invert` checks: the release as handed out earns no check in the
+    self-check a student runs (no free points, no green table, before they wrote anything); and in
+    a kernel the grader runs, where the checks are left to the grader, the same code carries forward
+    and measures nothing there."""
+    import linecache
+
+    handed_out = scenarios.from_checkout("unchanged")
+    lab = grading.grading_lab()
+
+    def as_a_kernel_runs_it(name: str) -> dict:  # its solution cells in turn; one that raises stops there
+        namespace = reference.execute(handed_out[name], name[:2], f"release {name}", cell_ids=())
+        for cell in handed_out[name].cells:
+            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
+                filename = f"<release {name}:{cell.get('id')}>"  # registered, as IPython does: carry reads it
+                linecache.cache[filename] = (len(cell.source), None, cell.source.splitlines(True), filename)
+                try:
+                    exec(compile(cell.source, filename, "exec"), namespace)
+                except Exception:  # as under nbgrader: the error is the cell's, the next cell runs
+                    pass
+        return namespace
+
+    for name in sorted(POINTS):
+        number = name[:2]
+        namespace = as_a_kernel_runs_it(name)
+        found = grading.run(number, namespace, lab=lab, keep=False)
+        assert found and all(r.status == "fail" for r in found.values()), (
+            name, {c: (r.status, r.note[:80]) for c, r in found.items() if r.status != "fail"})
+    monkeypatch.setenv(grading.MEASURED_BY_THE_GRADER, "1")
+    namespace = as_a_kernel_runs_it("02_data_loading")
+    namespace["__name__"] = "__main__"  # the kernel's own namespace, whose functions it defined
+    found = grading.run("02", namespace, lab=lab)
+    assert {r.status for r in found.values()} == {"n/a"} and all(r.note == grading.DEFERRED_NOTE for r in found.values())
+    assert "def make_fast_loader" in (carry.code_dir() / "02.py").read_text()

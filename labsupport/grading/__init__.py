@@ -95,6 +95,14 @@ def thresholds_path() -> Path:
     return Path(os.environ.get("LAB_THRESHOLDS", _PACKAGE / "thresholds.toml"))
 
 
+# Set by `python -m autograder grade` in every notebook's kernel: the grader's judge measures each
+# check afterwards, outside the kernel, on the code carried from it, so the kernel does not measure
+# them twice (03's accuracy check alone trains for over two minutes at a real profile).
+MEASURED_BY_THE_GRADER = "LAB_GRADER_MEASURES"
+DEFERRED_NOTE = ("measured by the grader outside this kernel, on the code carried from here: "
+                 "its table opens your feedback")
+
+
 def calibration_path() -> Path:
     """``LAB_CALIBRATION``, else ``autograder/calibration.toml`` (written by the calibrate command)."""
     return Path(os.environ.get("LAB_CALIBRATION", _CHECKOUT / "autograder" / "calibration.toml"))
@@ -412,15 +420,22 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
     notebook's graded functions, as just measured, are kept for later notebooks (:mod:`labsupport.carry`).
     ``tampered`` (why the code cannot be measured) fails every check with that note, unrun.
     ``sides`` is the grader's judge (:mod:`.judging`): the student's code and the baseline each in a
-    worker of its own, passed to the checks that take it; None runs both here.
+    worker of its own, passed to the checks that take it; None runs both here. In a kernel the
+    grader runs (:data:`MEASURED_BY_THE_GRADER`), the checks are not measured here but "n/a", with a
+    note saying where they are: the code is still carried forward, for the grader to measure.
     """
     nb = notebooks.get(number)
     importlib.import_module(f".{module_name(number)}", __name__)  # registers the notebook's checks
     lab = lab or grading_lab()
     out: dict[str, CheckResult] = {}
     libraries = library_functions()
+    deferred = (sides is None and namespace.get("__name__") == "__main__"
+                and os.environ.get(MEASURED_BY_THE_GRADER) == "1")
     for ids, fn in _CHECKS.get(number, []):
         if (only is not None and not set(ids) & set(only)) or set(ids) <= set(skip):
+            continue
+        if deferred:
+            out.update({i: CheckResult(i, None, None, "", lab.machine.device_class, "n/a", DEFERRED_NOTE) for i in ids})
             continue
         try:
             if tampered:  # the code was caught bending what measures it before any check ran
