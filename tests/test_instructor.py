@@ -414,16 +414,17 @@ def test_the_ladder_is_the_students_own(graded):
 
 def test_a_library_patched_in_the_kernel_does_not_reach_the_graders_baseline(graded):
     """patched-baseline's kernel slowed PIL.Image.open, which the naive loader reads every image
-    with: the speedup its kernel measured (its check table, in the autograded notebook) came out
-    inflated. The verdict process, which measures the grader's, runs only the carried code, and
-    the patch is not in it.
+    with: a speedup measured in that kernel would come out inflated. Under grade the kernel
+    measures no check (its table says the grader does), and the judge runs only the carried code,
+    which the patch is not in.
 
-    The two speedups are printed, not compared with a band: at the tiny profile, measured in
-    different processes beside two other lanes on 2 cores, the grader's speedup of two correct
+    The grader's two speedups are printed, not compared with a band: at the tiny profile, measured
+    in different processes beside two other lanes on 2 cores, the grader's speedup of two correct
     loaders varied from 6x to 20x between runs (the reference's and patched-baseline's, 6.06 and
     20.3 in one fresh clone), so a band around the reference's failed on noise alone."""
     import json
-    import re
+
+    from labsupport.grading import DEFERRED_NOTE
 
     def grader(student: str) -> float:
         rows = json.loads((graded["root"] / "results" / student / "checks" / "02.json").read_text())
@@ -433,9 +434,9 @@ def test_a_library_patched_in_the_kernel_does_not_reach_the_graders_baseline(gra
     cell = next(c for c in nbformat.read(notebook, as_version=4).cells
                 if c.metadata.get("nbgrader", {}).get("grade_id") == "graded_checks")
     table = "\n".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs)
-    kernel = float(re.search(r"02-loader-speedup\s+([0-9.]+)", table).group(1))
-    ours, reference = grader("patched-baseline"), grader("reference")
-    print(f"02 loader speedup: kernel {kernel:.2f}x, grader {ours:.2f}x, reference (grader) {reference:.2f}x")
+    assert "02-loader-speedup" in table and DEFERRED_NOTE[:40] in table, table  # measured nowhere but the judge
+    print(f"02 loader speedup (grader): patched-baseline {grader('patched-baseline'):.2f}x, "
+          f"reference {grader('reference'):.2f}x")
     carried = (graded["root"] / "results" / "patched-baseline" / "code" / "02.py").read_text()
     assert "def make_fast_loader" in carried
     assert "PIL.Image.open" not in carried and "_slow_open" not in carried, carried
