@@ -328,21 +328,25 @@ def keep(where: course.Course | Path, student: str, notebook: str, verdict: dict
     return path
 
 
-def noted(where: course.Course | Path, student: str, notebook: str) -> list[str]:
-    """What the verdict process noted beside the decisions :func:`keep` wrote (empty if nothing)."""
+def _kept_file(where: course.Course | Path, student: str, notebook: str) -> dict:
+    """The file :func:`keep` wrote for ``notebook`` (empty where there is none, or it cannot be read)."""
     try:
         found = json.loads((course.of(where).verdicts(student) / f"{notebook}.json").read_text())
-        return [str(p) for p in found["verdict_process"]["problems"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def noted(where: course.Course | Path, student: str, notebook: str) -> list[str]:
+    """What the verdict process noted beside the decisions :func:`keep` wrote (empty if nothing)."""
+    problems = _kept_file(where, student, notebook).get("verdict_process", {}).get("problems")
+    return [str(p) for p in problems] if isinstance(problems, list) else []
 
 
 def kept(where: course.Course | Path, student: str, notebook: str) -> dict[str, dict]:
     """The decisions :func:`keep` wrote (``{check: Decision fields}``; empty if none)."""
-    try:
-        return json.loads((course.of(where).verdicts(student) / f"{notebook}.json").read_text())["decided"]
-    except (OSError, ValueError, KeyError):
-        return {}
+    decided = _kept_file(where, student, notebook).get("decided")
+    return decided if isinstance(decided, dict) else {}
 
 
 def record(gb, assignment: str, student: str, notebook: str, passed: dict[str, bool]) -> None:
