@@ -113,6 +113,34 @@ def write(dest: Path, data: bytes, mtime_ns: int | None = None) -> None:
     os.replace(tmp, dest)
 
 
+def give(folder: Path, name: str, data: bytes, owner: int | None = None) -> None:
+    """``data`` as ``folder/name``, in a folder a sandboxed process may have written in (a store
+    of its own), while none runs: whatever lies at ``name`` (a file, a link) is removed, not
+    followed, and a new regular file made in its place, given to ``owner``. ``folder`` itself must
+    be root's path, as for :func:`read`; ``name`` one component."""
+    if Path(name).name != name or name in ("", ".", ".."):
+        raise Refused(f"{name!r} is not a plain file name")
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        except OSError as err:  # a folder in its place
+            raise Refused(f"{name} in {folder} could not be replaced ({err.strerror})") from None
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view):]
+            if owner is not None:
+                os.fchown(out, owner, owner)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
 def copy_file(folder: Path, name: str, dest: Path, cap: int = FILE_BYTES) -> None:
     """:func:`read` ``folder/name`` and :func:`write` it to ``dest``, keeping its modification time
     (06's report check asks whether the kernel wrote it)."""

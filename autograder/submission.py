@@ -34,10 +34,11 @@ from pathlib import Path
 import nbformat
 
 from nbgrader.preprocessors import Execute
+from traitlets import List
 
 from labsupport.grading import MEASURED_BY_THE_GRADER
 
-from . import boundary, course, deciding, gradebook, sandbox
+from . import boundary, course, deciding, gradebook, sandbox, skipping
 from .course import Course
 
 # Cell outputs that mean nbgrader interrupted a cell at its time limit.
@@ -79,6 +80,33 @@ def _cell_errors(autograded: Path) -> tuple[list[str], bool]:
     return errors, timed_out
 
 
+def _skipped(path: Path, skips: tuple[set[str], set[str]] | None) -> set[str]:
+    """The cells of the handed-in notebook ``path`` the kernel need not run (:mod:`.skipping`):
+    none where the notebook cannot be read (autograde then says why)."""
+    if not skips:
+        return set()
+    try:
+        return skipping.to_skip(nbformat.read(path, as_version=4), *skips)
+    except Exception:  # an unreadable notebook runs whole, and fails as it would
+        return set()
+
+
+def _give_rungs(dirs: Folders, owner: int | None) -> None:
+    """The rungs the grader has measured so far (root's, in ``judged/``), into the kernel's results
+    store, over whatever an earlier kernel recorded there: the ladder a kernel shows and exports
+    (06's report, 07's) is the grader's, as 06 grades it, and the rung cells a graded kernel leaves
+    out (:mod:`.skipping`) leave it no gap. No sandboxed process runs while root writes."""
+    from labsupport import notebooks
+
+    for nb in notebooks.rungs():
+        name = f"{nb.stage}.json"
+        if (dirs.judged / name).is_file():
+            try:
+                boundary.give(dirs.results, name, (dirs.judged / name).read_bytes(), owner)
+            except boundary.Refused:
+                pass  # the kernel left a folder of that name: its own ladder misses the rung
+
+
 class BoundedExecute(Execute):
     """nbgrader's Execute, keeping at most ``max_output_bytes`` of a notebook's outputs.
 
@@ -88,6 +116,15 @@ class BoundedExecute(Execute):
     """
 
     max_output_bytes = 8 * 2**20
+    skipped = List(help="ids of the cells left out of this run (skipping.to_skip), shown as skipping.WHY").tag(config=True)
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type == "code" and cell.get("id") in self.skipped:
+            self._check_assign_resources(resources)
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"[{skipping.WHY}]\n")]
+            cell.execution_count = None
+            return cell, self.resources
+        return super().preprocess_cell(cell, resources, index)
 
     def output(self, outs, msg, display_id, cell_index):
         used = getattr(self, "_output_bytes", 0)
@@ -124,6 +161,7 @@ class Batch:
     lib: Path  # the read-only copy of labsupport the sandboxes import
     settings: dict[str, str]  # the verdict spec's profile, thresholds, calibration, data
     cells: dict[str, dict[str, list[str]]]  # {notebook: {test cell: [check ids]}}
+    skips: dict[str, tuple[set[str], set[str]]] = field(default_factory=dict)  # skipping.from_masters
     machine: object = None  # labsupport.hardware.Machine: the grader's own view of this machine
     memory: str | None = None  # why the sandboxes have no memory limit (None: they have one)
     disk: str | None = None  # why a submission's disk is counted by the watchdog, not a filesystem
@@ -161,7 +199,7 @@ class Batch:
         if gpu:
             raise course.CourseError(gpu)
         return cls(the, timeout_s, NOTEBOOK_BUDGET_CELLS * timeout_s, SUBMISSION_BUDGET_CELLS * timeout_s,
-                   box, lib, settings, deciding.checks_by_cell(the),
+                   box, lib, settings, deciding.checks_by_cell(the), skipping.from_masters(the),
                    machine=hardware.describe_machine(hardware.pick_device()), memory=memory)
 
 
@@ -338,8 +376,10 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
             # "immediate": the kernel is killed once its last cell has replied, not asked to run its
             # exit hooks (about 2 s of tearing torch down, per notebook).
             settings = dict(Execute__timeout=max(1, int(min(batch.timeout_s, left))),
-                            Execute__shutdown_kernel="immediate")
+                            Execute__shutdown_kernel="immediate",
+                            BoundedExecute__skipped=sorted(_skipped(path, batch.skips.get(name))))
             dirs.fresh("run", owned=sandboxed)  # what the last kernel left there is gone
+            _give_rungs(dirs, sandbox.user() if sandboxed else None)
             if box is not None:
                 _kernel_spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
                              dirs.run / "kernel.log")

@@ -350,14 +350,21 @@ def test_scenario_scores_exactly(graded, scenario):
 def test_a_graded_kernel_measures_nothing_and_carries_its_code(graded):
     """Under ``grade`` each kernel's checks cells leave every check to the grader ("n/a", saying
     where it is measured) and still carry the code forward; the gradebook holds the grader's scores
-    (``unchanged``: 0 on every notebook, though its kernel's test cells raised nothing)."""
+    (``unchanged``: 0 on every notebook, though its kernel's test cells raised nothing). The cells
+    the masters mark as demonstrations (autograder/skipping.py) are not run: each shows why."""
+    from autograder import skipping
     from labsupport.grading import DEFERRED_NOTE
 
+    marks = skipping.from_masters(graded["root"])
     for student in ("reference", "unchanged"):
         folder = graded["root"] / "autograded" / student / "lab"
         assert sorted(p.stem for p in folder.glob("*.ipynb")) == sorted(POINTS)
         for path in sorted(folder.glob("*.ipynb")):
             nb = nbformat.read(path, as_version=4)
+            left_out = {c.id for c in nb.cells if c.cell_type == "code"
+                        and any(skipping.WHY in str(o.get("text", "")) for o in c.get("outputs", []))}
+            assert left_out == marks[path.stem][0], f"{student} {path.name}: cells left out {sorted(left_out)}"
+            assert all(c.execution_count is None for c in nb.cells if c.get("id") in left_out)
             shown = "".join(str(o.get("data", {}).get("text/plain", "")) + str(o.get("text", ""))
                             for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
             assert DEFERRED_NOTE[:40] in shown, f"{student} {path.name}: its checks were measured in the kernel"

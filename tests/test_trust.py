@@ -77,6 +77,25 @@ def test_write_never_follows_a_link(tmp_path):
     assert not (tmp_path / "dest.txt").is_symlink()
 
 
+def test_give_replaces_what_a_sandbox_left_without_following_it(written):
+    """Root puts the grader's rungs into a kernel's own results store (submission._give_rungs):
+    a link left at the name is replaced, not written through; a FIFO does not block; a folder
+    there is refused; nothing may name a path outside."""
+    folder, secret = written
+    for name in ("link.json", "fifo.json", "ok.json", "new.json"):
+        started = time.monotonic()
+        boundary.give(folder, name, b"rung", owner=os.getuid())
+        assert time.monotonic() - started < 1, name
+        assert (folder / name).read_bytes() == b"rung" and not (folder / name).is_symlink(), name
+    assert secret.read_text() == "root's"
+    with pytest.raises(boundary.Refused, match="could not be replaced"):
+        boundary.give(folder, "sub", b"rung")
+    for name in ("../secret.txt", "sub/inner.txt", ".."):
+        with pytest.raises(boundary.Refused, match="plain file name"):
+            boundary.give(folder, name, b"rung")
+    assert secret.read_text() == "root's" and (folder / "sub" / "inner.txt").read_text() == "inner"
+
+
 def test_run_keeps_a_bounded_piece_of_a_flood_and_stops_at_its_time():
     flood = "import sys\nfor _ in range(300): print('x' * 2**20)\nprint('end')"
     done = boundary.run([sys.executable, "-c", flood], env=dict(os.environ), timeout_s=60, cap=2**16)
