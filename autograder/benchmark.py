@@ -113,13 +113,13 @@ def grading_time(notebooks: tuple[str, ...] | None = None, where: course.Course 
         longest = {p.stem: longest_cell(p) for p in scratch.autograded("reference").glob("*.ipynb")}
     rows = [{"notebook": g.notebook, "score": f"{g.score:g}/{g.auto_max_score:g}" + (
                  f" (+{g.max_score - g.auto_max_score:g} by a person)" if g.max_score > g.auto_max_score else ""),
-             "kernel s": g.seconds,
+             "points": g.score, "automatic": g.auto_max_score, "kernel s": g.seconds,
              "verdict s": g.verdict_s, "other s": g.wall_s - g.seconds - g.verdict_s, "total s": g.wall_s,
              "longest cell s": longest.get(g.notebook, (None, ""))[0],
              "longest cell": longest.get(g.notebook, (None, ""))[1]}
             for g in grades if g.status != "missing"]
     inside = sum(r["total s"] for r in rows)
-    rows.append({"notebook": "after the notebooks", "score": "", "kernel s": 0.0, "verdict s": 0.0,
+    rows.append({"notebook": "after the notebooks", "score": "", "points": None, "automatic": None, "kernel s": 0.0, "verdict s": 0.0,
                  "other s": total - inside, "total s": total - inside, "longest cell s": None, "longest cell": ""})
     frame = pd.DataFrame(rows).set_index("notebook")
     out = Path(out) if out else REPO_ROOT / "build" / f"grading-time-{machine.device_class}.txt"

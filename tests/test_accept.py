@@ -52,6 +52,23 @@ def test_a_class_is_ready_only_when_the_reference_clears_every_check():
     assert "correctness partner" in accept.checks_ready(broken)[0]
 
 
+def test_the_graded_reference_is_ready_on_its_automatic_points_and_cell_times(tmp_path):
+    """As benchmark --grading tables it: 06's "8/8 (+4 by a person)" is full automatic marks (the
+    form broke accept on its first run on class cpu-bf16); a lost point or a cell over half its
+    limit is not."""
+    import pandas as pd
+
+    rows = [("06_report", "8/8 (+4 by a person)", 8.0, 8.0, 2.4, "setup"),
+            ("04_checkpointing", "9/10", 9.0, 10.0, 13.0, "cell 22"),
+            ("05_compile", "5/5", 5.0, 5.0, 400.0, "cell 5"),
+            ("after the notebooks", "", None, None, None, "")]
+    table = pd.DataFrame([dict(zip(("notebook", "score", "points", "automatic", "longest cell s", "longest cell"), r))
+                          for r in rows]).set_index("notebook")
+    wrong = accept.grade_ready(table, 600, tmp_path / "calibration.toml")
+    assert len(wrong) == 2 and wrong[0].startswith("04_checkpointing: the reference scored 9/10"), wrong
+    assert wrong[1].startswith("05_compile: its longest cell (cell 5) took 400 s"), wrong
+
+
 def test_a_notebook_stopped_at_its_limit_is_reported_not_ready(tmp_path, tiny_env):
     """Each notebook's checks run in a process of their own, stopped at their limit and said so."""
     table = accept.run_checks(("07",), 1, tmp_path, limit_s=3)
