@@ -253,13 +253,22 @@ def quiet() -> Iterator[None]:
 @contextlib.contextmanager
 def serving() -> Iterator[None]:
     """Where 07 compiles a model to serve it on the CPU (:func:`compiled`): :func:`quiet`,
-    ``torch.no_grad()``, and Inductor's freezing on.
+    ``torch.no_grad()``, Inductor's freezing on, and torchao's int8 passes registered.
 
     The int8 kernels need freezing (without it the lowering fails: ``onednn.qconv_prepack``), and
     the fp32 model is compiled the same way, so the comparison is fair.
+
+    They need torchao's Inductor passes too, and those are registered only as a side effect of
+    importing ``x86_inductor_quantizer``. A process that compiles an int8 model it did not quantise
+    (the grader's judge: the student's worker quantises) lowers each int8 convolution to
+    dequantise-then-fp32 instead, slower than fp32: at the real profile on class cpu-bf16 the
+    reference's int8 speedup read 0.55x in the judge and 2.8x in the notebook. Importing it here
+    gives every process that compiles the same kernels.
     """
     import torch._inductor.config as inductor
 
+    with quiet():
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer  # noqa: F401  (registers them)
     with quiet(), torch.no_grad(), inductor.patch(freezing=True):
         yield
 

@@ -1011,3 +1011,44 @@ def test_07_a_described_model_is_rebuilt_from_allowlisted_operators_and_plain_ar
             pytest.fail(what)
     with pytest.raises(NotAModel):
         rebuild(Described([{"op": "tensor", "index": 99}, *described.nodes], described.tensors))
+
+
+REBUILT_INT8_KERNELS = """
+import json, sys, torch
+from labsupport import compress
+from labsupport.grading import exported
+described = exported.Described.decoded(torch.load(sys.argv[1], weights_only=True))
+before = sorted(m for m in sys.modules if m.split(".")[0] == "torchao")
+model, x = exported.rebuild(described), torch.randn(4, 3, 32, 32)
+with compress.serving():
+    fast = compress.compiled(model)
+    fast(x)
+    with torch.profiler.profile() as prof:
+        fast(x)
+print(json.dumps({"torchao_before": before, "ops": sorted({e.key for e in prof.key_averages()})}))
+"""
+
+
+def test_07_an_int8_model_compiled_where_it_was_not_quantised_runs_int8_kernels(tmp_path):
+    """The judge compiles the int8 model its worker exported, in a process that never imported
+    torchao. Inductor's int8 passes are registered only by importing torchao's x86 quantiser, so
+    without :func:`labsupport.compress.serving` doing it each int8 convolution was lowered to
+    dequantise-then-fp32: the reference's int8 speedup read 0.55x in the judge and 2.8x in the
+    notebook (real profile, class cpu-bf16). A fresh process compiles it to oneDNN's int8 kernels."""
+    from autograder import reference
+    from labsupport import compress
+    from labsupport.grading import exported
+
+    model = compress.small_network().eval()
+    calibration = [torch.randn(4, 3, 32, 32) for _ in range(2)]
+    with compress.quiet():
+        int8 = reference.namespace("07")["quantize_int8"](model, calibration)
+    described = exported.describe(int8, calibration[0])
+    torch.save([described.encoded(), *described.tensors], tmp_path / "described.pt")
+    done = subprocess.run([sys.executable, "-c", REBUILT_INT8_KERNELS, str(tmp_path / "described.pt")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["torchao_before"] == [], seen  # the test means something only where torchao was not loaded
+    assert any("qconv" in op for op in seen["ops"]), seen["ops"]
