@@ -1,8 +1,13 @@
 """``calibrate``: derive this grading machine's thresholds from what the reference achieves on it.
 
-The reference solutions (the masters' solution cells, :mod:`autograder.reference`) are run through the same graded checks the
-notebooks run, ``runs`` times in this process, each time with a fresh copy of labsupport. Every
-check marked ``calibrate = true`` in thresholds.toml (the speed and memory ratios) gets a bar:
+The reference solutions (the masters' solution cells, :mod:`autograder.reference`) are measured
+``runs`` times as ``grade`` measures a student's: their carried code handed to each notebook's
+judge (or, where the judge does not decide, its verdict process), which drives it in a worker
+and times it from outside (:func:`autograder.deciding.run`, no sandbox: the code is the course's
+own). Measured in one process instead, the bars were set on figures grading never sees: on class
+cpu-bf16 the reference's 02 speedup read 3.4-4.3x there and 2.2-3.8x in the judge, and it failed
+its own calibrated bar. Every check marked ``calibrate = true`` in thresholds.toml (the speed and
+memory ratios) gets a bar:
 
 - where higher is better (speedups): ``min(class default, MARGIN x worst run)``; if that is below
   ``SPEEDUP_FLOOR`` the check is "n/a" on this machine, since the reference does not show the
@@ -22,6 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import tomllib
@@ -32,6 +38,7 @@ import pandas as pd
 from . import course
 
 MARGIN = 0.85  # the reference must clear a bar by 15% in its worst run
+JUDGE_TIMEOUT_S = 3600.0  # one notebook's judge, at most (the real profile's take about a minute)
 SPEEDUP_FLOOR = 1.10  # below this a "speedup" is within run-to-run noise of no change
 
 
@@ -42,14 +49,14 @@ def calibrated_checks(thresholds: Path | None = None) -> dict:
     return {check: spec for check, spec in grading.check_specs(thresholds).items() if spec.calibrate}
 
 
-def _usable(result) -> bool:
-    """A reference measurement counts when its correctness partner passed. In calibration 06's
-    end-to-end check has no ladder of 01-05 to check against (nothing ran them here), so that
-    partner alone is excused (the check says so in its details): the measurement itself is the
+def _usable(row: dict) -> bool:
+    """A reference measurement (a verdict file's row) counts when its correctness partner passed.
+    In calibration 06's end-to-end check has no ladder of 01-05 to check against (nothing ran
+    them here), so that partner alone is excused (``ladder_only``): the measurement itself is the
     same paired comparison."""
-    if result.measured is None:
+    if row.get("measured") is None:
         return False
-    return result.reason != "incorrect" or bool(result.details.get("only_the_ladder_incomplete"))
+    return row.get("reason") != "incorrect" or bool(row.get("ladder_only"))
 
 
 def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only: tuple[str, ...] | None = None,
@@ -57,9 +64,12 @@ def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only
     """Run the reference's calibrated checks ``runs`` times: ``({check: [values]}, problems)``."""
     from tqdm.auto import tqdm
 
+    from labsupport import grading
     from labsupport import notebooks as registry
+    from labsupport.paths import data_root
 
-    from . import reference
+    from . import deciding, reference, submission
+    from .course import REPO_ROOT
 
     the = course.of(where)
     wanted = [c for c in calibrated_checks() if only is None or c in only]
@@ -68,35 +78,32 @@ def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only
     problems: list[str] = []
     steps = tqdm(total=runs * len(numbers), desc="calibrating", unit="check group", disable=not progress)
     # The reference's code of every notebook, carried forward as a student's would be (05 infers in
-    # 03's precision; 06's end-to-end composes 02's loader and 03's step), in a scratch results store.
-    with tempfile.TemporaryDirectory(prefix="lab-calibrate-") as scratch, \
-            course.environment({"LAB_RESULTS": scratch}):
-        reference.keep_all(course_root=the.root)
+    # 03's precision; 06's end-to-end composes 02's loader and 03's step): the kernel's store of a
+    # submission's folders, and the grader's, where a judge looks for earlier notebooks' code.
+    with tempfile.TemporaryDirectory(prefix="lab-calibrate-") as scratch:
+        dirs = submission.Folders(Path(scratch))
+        with course.environment({"LAB_RESULTS": str(dirs.results)}):
+            reference.keep_all(course_root=the.root)
+        shutil.copytree(dirs.results / "code", dirs.store / "code")
+        settings = {"profile": os.environ.get("LAB_PROFILE", ""), "thresholds": str(grading.thresholds_path()),
+                    "calibration": None, "data": str(data_root().resolve())}
         for run in range(runs):
             for number in numbers:
                 steps.set_postfix_str(f"run {run + 1}, notebook {number}")
                 ids = tuple(c for c in wanted if registry.of(c).number == number)
-                _measure_once(number, ids, run, values, problems, the)
+                shutil.rmtree(dirs.judged, ignore_errors=True)  # each run measures afresh
+                verdict = deciding.run(number, dirs=dirs, since=0.0, settings=settings, box=None,
+                                       pythonpath=REPO_ROOT, timeout_s=JUDGE_TIMEOUT_S)
+                for check in ids:
+                    row = (verdict.get("checks") or {}).get(check)
+                    if row is not None and _usable(row):
+                        values[check].append(float(row["measured"]))
+                    else:
+                        problems.append(f"run {run + 1}, {check}: the reference did not produce a usable "
+                                        f"measurement ({row['note'] if row else verdict.get('error', 'not run')})")
                 steps.update()
     steps.close()
     return values, problems
-
-
-def _measure_once(number: str, ids: tuple[str, ...], run: int, values: dict, problems: list,
-                  the: course.Course) -> None:
-    """One run of notebook ``number``'s checks ``ids`` on the reference; appends to values and problems."""
-    from labsupport import grading
-
-    from . import reference
-
-    found = grading.fresh().grading.run(number, reference.namespace(number, the.root), only=ids, keep=False)
-    for check in ids:
-        result = found.get(check)
-        if result is not None and _usable(result):
-            values[check].append(float(result.measured))
-        else:
-            problems.append(f"run {run + 1}, {check}: the reference did not produce a "
-                            f"usable measurement ({result.note if result else 'not run'})")
 
 
 def derive(check: str, spec, device_class: str, values: list[float]) -> tuple[object, str]:

@@ -266,13 +266,16 @@ class Comparison:
 
 def compare(baseline: Callable[[], object], candidate: Callable[[], object],
             device: torch.device | str, *, rounds: int, steps_per_round: int, warmup: int = 1,
-            progress: bool = False, focus: Callable[[str], None] | None = None) -> Comparison:
+            progress: bool = False, focus: Callable[[str], None] | None = None,
+            overhead_s: float = 0.0) -> Comparison:
     """Speedup of ``candidate`` over ``baseline``, measured in interleaved rounds.
 
     Each round times ``steps_per_round`` calls of each side; the order alternates (A B, then
     B A) so that neither side always runs on a warmer or cooler machine. ``focus``, if given, is
     called with ``"baseline"`` or ``"candidate"`` before that side runs, off the clock (the
-    grader's judge stops the other side's worker there).
+    grader's judge stops the other side's worker there). ``overhead_s``: what each call of
+    either side costs besides its work, measured apart (the grader's judge: a batch's crossing
+    from a worker), taken off both sides' times; a side never counts less than a tenth of its time.
     """
     device = torch.device(device)
     focus = focus or (lambda side: None)
@@ -289,7 +292,8 @@ def compare(baseline: Callable[[], object], candidate: Callable[[], object],
         for _ in range(steps_per_round):
             fn()
         sync(device)
-        return _clock() - t0
+        took = _clock() - t0
+        return max(took - overhead_s * steps_per_round, took / 10)
 
     loop = range(rounds)
     if progress:

@@ -15,6 +15,7 @@ import os
 import sys
 import shutil
 import subprocess
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -552,12 +553,21 @@ def test_derive_eases_only_what_the_reference_cannot_clear():
 
 
 def test_calibration_file_is_written_and_used_by_grading(tmp_path, monkeypatch, tiny_data):
+    """calibrate measures the reference as grade measures a student: through the notebook's judge
+    (its verdict file), not in its own process; the bar it writes is the one grading reads."""
+    from autograder import deciding
+
     monkeypatch.setenv("LAB_DATA", str(tiny_data))
     monkeypatch.setenv("LAB_PROFILE", "tiny:grades_speed=1")
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    verdicts, run = [], deciding.run
+    monkeypatch.setattr(deciding, "run", lambda *a, **kw: verdicts.append(run(*a, **kw)) or verdicts[-1])
     path, table = calibrate.calibrate(1, path=tmp_path / "calibration.toml", only=("02-loader-speedup",),
                                       progress=False)
     assert table.loc["02-loader-speedup", "runs"] == 1
+    assert [(v["notebook"], v.get("judge")) for v in verdicts] == [("02", True)], verdicts
+    written = tomllib.loads(path.read_text())["measured"]["02-loader-speedup"]
+    assert written == [pytest.approx(verdicts[0]["checks"]["02-loader-speedup"]["measured"], rel=1e-3)]
     monkeypatch.setenv("LAB_CALIBRATION", str(path))
     lab = grading.grading_lab()  # at the profile calibrate measured at (LAB_PROFILE, read once here)
     machine = lab.machine.as_dict()

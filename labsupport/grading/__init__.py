@@ -560,6 +560,15 @@ def patched_note(patched: list[str], when: str) -> str:
             "libraries or labsupport (the originals are back)")
 
 
+def verdict_rows(found: dict) -> dict[str, dict]:
+    """The checks of a verdict file (the judge's and a verdict process's alike): per check its
+    status, reason, measurement, bar and note, and whether only 06's ladder partner failed it
+    (``calibrate`` still counts that measurement: nothing ran 01-05 there)."""
+    return {c: {"status": r.status, "reason": r.reason, "measured": r.measured, "threshold": r.threshold,
+                "note": r.note, "ladder_only": bool(r.details.get("only_the_ladder_incomplete"))}
+            for c, r in found.items()}
+
+
 def keep_checks(number: str, found) -> Path:
     """Write notebook ``number``'s checks, as just measured, to ``<results>/checks/<NN>.json``: the
     table's rows and each check's reason (:data:`REASONS`). A notebook that grades its checks in

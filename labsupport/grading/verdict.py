@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         out["problems"].append(tampered)
     found = grading.run(number, namespace, lab=lab, keep=False, tampered=tampered)
     grading.keep_checks(number, found.values())
-    out["checks"] = {c: {"status": r.status, "reason": r.reason, "measured": r.measured,
-                         "threshold": r.threshold, "note": r.note} for c, r in found.items()}
+    out["checks"] = grading.verdict_rows(found)
     if namespace and not tampered:
         try:
             rung = rungs.measure(number, namespace, lab, found)

@@ -55,6 +55,7 @@ class Served:
         self.objects: dict[int, object] = {}
         self.namespace: dict = {}
         self.inference = self.rung = None
+        self.echoed = (None, [])
 
     def keep(self, thing) -> int:
         self.objects[len(self.objects)] = thing
@@ -124,6 +125,21 @@ class Served:
             raise TypeError(f"a batch must be (images, labels) tensors, not ({type(images).__name__}, "
                             f"{type(labels).__name__})")
         return {"tensors": wire.put(self.view, [images, labels]), "device": images.device.type}
+
+    def op_echo(self, request) -> dict:
+        """Tensors of the given dtypes and shapes, made once and sent on every request: what a
+        batch's crossing to the judge costs without the work of making it (:meth:`Sides.crossing_s`).
+        The baseline's worker answers it, where no student code ever ran."""
+        import torch
+
+        from labsupport.grading import wire
+
+        if self.student:
+            raise PermissionError("the judge measures a batch's crossing in the baseline's worker")
+        kinds = [(str(d), tuple(int(n) for n in shape)) for d, shape in request["tensors"]]
+        if self.echoed[0] != kinds:
+            self.echoed = (kinds, [torch.zeros(shape, dtype=wire.DTYPES[d]) for d, shape in kinds])
+        return {"tensors": wire.put(self.view, self.echoed[1])}
 
     def op_call(self, request) -> dict:
         """The student's function ``name`` on plain numbers (05's ``break_even_steps``)."""
