@@ -87,13 +87,14 @@ def test_accept_tables_the_references_checks_against_the_class_defaults(tmp_path
 
 
 def test_calibrate_excuses_only_06s_missing_ladder():
-    """Read from the check's reason and details, not its note."""
+    """Read from the verdict file's row (the check's reason and details), not its note."""
     from autograder import calibrate
-    from labsupport.grading import CheckResult
+    from labsupport.grading import CheckResult, verdict_rows
 
     def result(reason, details=None, measured=40.0):
-        return CheckResult("06-end-to-end", measured, 5.0, "higher", "cpu", "fail" if reason != "pass" else "pass",
-                           "correctness check failed: the ladder is incomplete", details or {}, reason)
+        found = CheckResult("06-end-to-end", measured, 5.0, "higher", "cpu", "fail" if reason != "pass" else "pass",
+                            "correctness check failed: the ladder is incomplete", details or {}, reason)
+        return verdict_rows({found.check: found})[found.check]
 
     assert calibrate._usable(result("incorrect", {"only_the_ladder_incomplete": True}))
     assert not calibrate._usable(result("incorrect", {"only_the_ladder_incomplete": False}))

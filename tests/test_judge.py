@@ -131,6 +131,8 @@ def test_reference_and_a_helper_class_are_judged_correct(tmp_path, tiny_data, re
     verdict = judge(tmp_path, tiny_data, reference_02 + HELPER_CLASS)
     assert statuses(verdict) == {"02-loader-speedup": "n/a", "02-data-wait-share": "n/a"}, verdict
     assert verdict["judge"] and not verdict["problems"] and verdict["rung"] > 0
+    # each batch's crossing from its worker, measured apart, is taken off both sides' waits
+    assert "crossing to the grader" in verdict["checks"]["02-data-wait-share"]["note"], verdict["checks"]
     # what later notebooks' verdicts read: this notebook's code, checks table and rung, in root's folder
     judged = tmp_path / "judged"
     assert (judged / "code" / "02.py").read_text() == reference_02 + HELPER_CLASS

@@ -86,6 +86,24 @@ def test_paired_rounds_alternate_order():
     assert "".join(calls) == "ABBAAB"
 
 
+def test_an_overhead_measured_apart_comes_off_both_sides(monkeypatch):
+    """compare's overhead_s (the judge's crossing of each batch from a worker) is taken off every
+    call of both sides; a side never counts less than a tenth of its time (a call cheaper than its
+    own crossing is not a speedup of thousands). A clock the calls advance makes it exact."""
+    now = [0.0]
+    monkeypatch.setattr(measure, "_clock", lambda: now[0])
+
+    def costs(seconds):
+        return lambda: now.__setitem__(0, now[0] + seconds)
+
+    plain = measure.compare(costs(5.0), costs(2.0), "cpu", rounds=3, steps_per_round=4, warmup=0)
+    assert plain.speedup.median == pytest.approx(2.5)
+    less = measure.compare(costs(5.0), costs(2.0), "cpu", rounds=3, steps_per_round=4, warmup=0, overhead_s=1.0)
+    assert less.speedup.median == pytest.approx(4.0)  # (5 - 1) / (2 - 1)
+    floor = measure.compare(costs(5.0), costs(2.0), "cpu", rounds=3, steps_per_round=4, warmup=0, overhead_s=3.0)
+    assert floor.speedup.median == pytest.approx(2.0 / 0.2)  # (5 - 3) / (2 / 10)
+
+
 def test_time_steps_discards_warmup_and_reports_percentiles():
     calls = []
 
