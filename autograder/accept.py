@@ -4,14 +4,15 @@ of machine (their first GPU), and what we run when one is lent to us.
 Its parts, each written as it finishes to ``build/accept-<device class>/`` and summed up in
 ``accept.md`` there, ending with the verdict "this machine's class is ready" or what failed:
 
-1. **checks**: every graded check of every notebook, run on the reference solutions as
-   ``calibrate`` runs them (the reference's code carried forward in a scratch results store), each
-   notebook in its own process with a time limit, and the rows of each group of checks kept as it
-   finishes. Each check's measurement against its class default, and, for the calibrated checks,
-   the bar ``calibrate`` would derive from it (:func:`autograder.calibrate.derive`), with the
-   seconds its checks took. The checks that read what a notebook's own run wrote (06's ladder
-   and HTML) are left to the next part.
-2. **grade**: ``calibrate`` on this machine (into the output folder, not the course's file), then
+1. **checks**: every graded check of every notebook, run on the reference solutions as a
+   notebook's self-check runs them (in one process, the reference's code carried forward in a
+   scratch results store), each notebook in its own process with a time limit, and the rows of
+   each group of checks kept as it finishes. Each check's measurement against its class default,
+   and, for the calibrated checks, the bar :func:`autograder.calibrate.derive` would give it,
+   with the seconds its checks took. The checks that read what a notebook's own run wrote (06's
+   ladder and HTML) are left to the next part.
+2. **grade**: ``calibrate`` on this machine (into the output folder, not the course's file; it
+   measures through the judges, as grading does, so its bars can differ from part 1's), then
    the reference submission graded with those bars as a student's is (``grade`` in a scratch copy
    of the course, :func:`autograder.benchmark.grading_time`): its score per notebook against the
    maximum, its time per notebook, and its longest cell against the class's cell limit.
