@@ -38,8 +38,8 @@ import pandas as pd
 from . import course
 
 MARGIN = 0.85  # the reference must clear a bar by 15% in its worst run
-JUDGE_TIMEOUT_S = 3600.0  # one notebook's judge, at most (the real profile's take about a minute)
 SPEEDUP_FLOOR = 1.10  # below this a "speedup" is within run-to-run noise of no change
+JUDGE_TIMEOUT_S = 3600.0  # one notebook's judge, at most (the real profile's take about a minute)
 
 
 def calibrated_checks(thresholds: Path | None = None) -> dict:
@@ -91,7 +91,9 @@ def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only
             for number in numbers:
                 steps.set_postfix_str(f"run {run + 1}, notebook {number}")
                 ids = tuple(c for c in wanted if registry.of(c).number == number)
-                shutil.rmtree(dirs.judged, ignore_errors=True)  # each run measures afresh
+                # Each judge starts from nothing an earlier one kept (its checks, rungs, code): the
+                # earlier notebooks' code it needs is the reference's, in the grader's store.
+                shutil.rmtree(dirs.judged, ignore_errors=True)
                 verdict = deciding.run(number, dirs=dirs, since=0.0, settings=settings, box=None,
                                        pythonpath=REPO_ROOT, timeout_s=JUDGE_TIMEOUT_S)
                 for check in ids:
