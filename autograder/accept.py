@@ -55,11 +55,12 @@ def checks_of(number: str, runs: int = 1, where: course.Course | Path = COURSE_R
     every run's measurement, the seconds its group of checks took per run). With ``json_out``, the
     rows so far are written there after each group of checks, so a notebook stopped at its time
     limit still reports the checks it finished."""
-    from labsupport import grading
+    from labsupport import grading, measure
     from labsupport.hardware import describe_machine
 
     from . import reference
 
+    measure.steady_heap()  # as a notebook's self-check measures, after ls.setup()
     the = course.of(where)
     machine = describe_machine().as_dict()
     found: dict[str, dict] = {}

@@ -260,14 +260,21 @@ def make_fast_loader(lab, split="train", augment=True):
 @needs_sandbox
 def test_in_the_sandbox_the_worker_reaches_neither_the_judge_nor_its_files(tmp_path, tiny_data, reference_02):
     """Sandboxed, the student's worker runs as the sandbox user, sees no process of the judge's and
-    cannot write where the judge keeps what it decided; the reference is still judged correct."""
+    cannot write where the judge keeps what it decided; the reference is still judged correct. Its
+    malloc keeps the judge's steady heap (a 20 MiB block from the heap, not a fresh mapping)."""
     judged = tmp_path / "judged"
     code = reference_02 + f'''
 
+import ctypes as _ctypes
 import os as _os
 from pathlib import Path as _Path
 
 _seen = {{"uid": _os.getuid(), "pids": sorted(int(p) for p in _os.listdir("/proc") if p.isdigit())}}
+_libc = _ctypes.CDLL(None)
+_libc.malloc.restype = _ctypes.c_void_p
+_block = _libc.malloc(20 * 2**20)
+_seen["heap"] = any(line.rstrip().endswith("[heap]") and int(line.split("-")[0], 16) <= _block
+                    < int(line.split()[0].split("-")[1], 16) for line in open("/proc/self/maps"))
 try:
     (_Path({str(judged)!r}) / "02-data.json").write_text("forged")
     _seen["wrote"] = True
@@ -277,8 +284,8 @@ _honest_make = make_fast_loader
 
 
 def make_fast_loader(lab, split="train", augment=True):
-    if _seen["uid"] == 0 or _seen["wrote"] or max(_seen["pids"]) > 100:
-        raise RuntimeError(f"outside the sandbox: {{_seen}}")
+    if _seen["uid"] == 0 or _seen["wrote"] or max(_seen["pids"]) > 100 or not _seen["heap"]:
+        raise RuntimeError(f"not the sandbox the judge set up: {{_seen}}")
     return _honest_make(lab, split, augment)
 '''
     verdict = judge(tmp_path, tiny_data, code, boxed=True)

@@ -1,6 +1,9 @@
 """The timing path: paired comparisons recover known ratios; step timing warms up and syncs."""
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,6 +105,36 @@ def test_an_overhead_measured_apart_comes_off_both_sides(monkeypatch):
     assert less.speedup.median == pytest.approx(4.0)  # (5 - 1) / (2 - 1)
     floor = measure.compare(costs(5.0), costs(2.0), "cpu", rounds=3, steps_per_round=4, warmup=0, overhead_s=3.0)
     assert floor.speedup.median == pytest.approx(2.0 / 0.2)  # (5 - 3) / (2 / 10)
+
+
+# A fresh process's malloc(20 MiB): from the heap, or a fresh mapping of its own (printed).
+_WHERE_20_MIB = """
+import ctypes, sys
+from labsupport import measure
+if sys.argv[1] == "steady" and not measure.steady_heap():
+    print("no mallopt"); raise SystemExit
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+block = libc.malloc(20 * 2**20)
+for line in open("/proc/self/maps"):
+    low, high = (int(a, 16) for a in line.split()[0].split("-"))
+    if low <= block < high:
+        print("heap" if line.rstrip().endswith("[heap]") else "mapping")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc (Linux)")
+def test_a_steady_heap_serves_large_blocks_as_a_long_running_process_does():
+    """After steady_heap() a fresh process serves a 20 MiB block from its heap (pages it keeps and
+    reuses), where it otherwise maps fresh pages for it, faulted in on first touch."""
+    def where(mode: str) -> str:
+        return subprocess.run([sys.executable, "-c", _WHERE_20_MIB, mode], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+
+    steady = where("steady")
+    if steady == "no mallopt":
+        pytest.skip("this C library has no glibc mallopt: steady_heap() does nothing here")
+    assert (where("fresh"), steady) == ("mapping", "heap")
 
 
 def test_time_steps_discards_warmup_and_reports_percentiles():

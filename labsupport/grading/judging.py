@@ -617,7 +617,9 @@ def main(argv: list[str] | None = None) -> int:
                        "LAB_WRITTEN_SINCE": str(spec.get("since") or 0)})
     started = time.perf_counter()
     import labsupport  # noqa: F401
-    from labsupport import grading, hardware
+    from labsupport import grading, hardware, measure
+
+    measure.steady_heap()  # as the workers' heaps, and a notebook's after ls.setup()
 
     number = spec["notebook"]
     lab = grading.grading_lab()

@@ -434,8 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(tempfile.mkdtemp(prefix="worker-results-"))
     os.environ.update({"LAB_PROFILE": spec["profile"], "LAB_DATA": spec["data"], "LAB_RESULTS": str(results),
                        "LAB_CALIBRATION": os.devnull})
+    from labsupport import measure
     from labsupport.grading import wire
 
+    measure.steady_heap()  # before any of the student's code: both sides allocate as a notebook's kernel does
     served = Served(spec, memoryview(mmap.mmap(buffer_fd, 0)), results)
     libraries, restore = watched_libraries()
     restore_code = restore.__code__
