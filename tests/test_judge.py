@@ -261,7 +261,8 @@ def make_fast_loader(lab, split="train", augment=True):
 def test_in_the_sandbox_the_worker_reaches_neither_the_judge_nor_its_files(tmp_path, tiny_data, reference_02):
     """Sandboxed, the student's worker runs as the sandbox user, sees no process of the judge's and
     cannot write where the judge keeps what it decided; the reference is still judged correct. Its
-    malloc keeps the judge's steady heap (a 20 MiB block from the heap, not a fresh mapping)."""
+    heap is steady before the student's code runs (measure.steady_heap: a 20 MiB block comes from
+    the heap, not a fresh mapping)."""
     judged = tmp_path / "judged"
     code = reference_02 + f'''
 

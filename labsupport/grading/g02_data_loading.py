@@ -93,9 +93,8 @@ def loader(namespace, lab, sides=None):
     # fetch the reference measured 1.5-5.3x in fresh processes (cpu-bf16); with 8, 4.9-5.2x.
     # Under the grader each batch crosses from its loader's worker to the judge; both sides pay
     # that crossing, measured apart and taken off both (0 in one process): 0.2-0.6 ms a batch at
-    # the real profile on class cpu-bf16. (What had made the judge's figures lower and spread, 2.2-
-    # 3.8x against the notebook's 3.4-4.3x there, was fresh workers' page faults:
-    # measure.steady_heap.)
+    # the real profile on class cpu-bf16. What had made the judge's figures lower and spread there
+    # (2.2-3.8x against the notebook's 3.4-4.3x) was page faults in fresh workers: measure.steady_heap.
     with sides.checking():
         crossing = sides.crossing_s(_batch_like(profile))
         cmp = measure.compare(_sync_next(naive, lab.device), _sync_next(fast, lab.device), lab.device,
