@@ -50,6 +50,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labsupport.grading import cgroups
+from labsupport.grading.cgroups import Group
+
 NOBODY = 65534  # the unprivileged user the sandboxed processes run as (the first grader's)
 # Further graders on the same machine: ids Debian reserves and never assigns (65000-65533), so no
 # real user's processes or files are ever theirs. A grader holds its id by a lock file.
@@ -134,6 +137,7 @@ class Sandbox:
     env: dict[str, str] = field(default_factory=dict)  # set inside (HOME and TMPDIR are always set)
     budget_s: float | None = None  # wall clock of one command (timeout), None for none
     mounts: tuple[tuple[Path, Path], ...] = ()  # (folder, where it appears): read-write, elsewhere
+    group: Path | None = None  # a cgroup v2 group (:func:`group_path`) the command joins, after the memory one
 
     def command(self, argv: list[str], *, cwd: Path | None = None, before: str = "",
                 log: Path | None = None) -> list[str]:
@@ -200,6 +204,8 @@ class Sandbox:
         procs, _ = memory_cgroup()
         # As root, before anything else: the command and all it starts count against the limit.
         join = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs)] if procs else []
+        if self.group is not None:  # after the memory one: on a unified machine the group lies below it
+            join += Group(self.group).join_command()
         return [*wall, *join, "prlimit", *limits, "--", *bwrap, *argv]
 
 
@@ -449,6 +455,19 @@ def memory_cgroup() -> tuple[Path | None, str | None]:
     except OSError as err:
         return None, f"could not make a memory cgroup under {CGROUP_ROOT} ({err.strerror})"
     return group / "cgroup.procs", None
+
+
+def group_path(name: str) -> Path:
+    """Where this grader's cgroup v2 group ``name`` lies (:mod:`labsupport.grading.cgroups`; make it
+    with ``Group.make``): below this grader's memory cgroup where the machine is unified, so its
+    processes still count against the memory limit; else in the v2 hierarchy beside v1's."""
+    procs, _ = memory_cgroup()
+    if procs is not None and cgroups.unified():
+        return procs.parent / name
+    where = cgroups.mount()
+    if where is None:
+        raise cgroups.CgroupError(cgroups.problem() or "no cgroup v2 hierarchy")
+    return where / f"lab-sandbox-{user()}" / name
 
 
 def memory_kills() -> int:
