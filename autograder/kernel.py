@@ -1,5 +1,5 @@
-"""Root's side of a sandboxed kernel's channels: reached through descriptors, never by a path the
-sandbox holds.
+"""A graded notebook's kernel in the sandbox: its kernel spec (:func:`spec`), and root's side of
+its channels, reached through descriptors, never by a path the sandbox holds.
 
 A sandboxed kernel binds its five channels (shell, iopub, stdin, control, heartbeat) as Unix
 sockets (Jupyter's ``ipc`` transport) in its run folder, which it owns and writes. A client that
@@ -24,8 +24,10 @@ before dropping to the sandbox user), so root writes and reads nothing in the ru
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,10 +45,34 @@ LINKS_IN = "/run" if os.access("/run", os.W_OK) else tempfile.gettempdir()
 POLL_S = 0.05  # between looks for the kernel's sockets while it starts
 
 
+SPEC = "lab-sandbox"  # the kernel spec's name
+
+
+def spec(folder: Path, box: sandbox.Sandbox, log: Path) -> None:
+    """A kernel spec ``lab-sandbox`` in ``folder`` (put on JUPYTER_PATH) that starts IPython in ``box``.
+
+    nbgrader writes the connection file (mode 600, root's) into root's own folder, which the
+    sandbox sees read-only (:func:`settings`); the sandbox's root copies it to its own /tmp for the
+    kernel, which runs as nobody and binds its channels in the run folder. The kernel process's
+    own output (its banner, C++ libraries' logging) goes to ``log``, not the grader's terminal.
+    """
+    argv = box.command([sys.executable, "-m", "ipykernel_launcher", "-f", "/tmp/kernel.json"],
+                       before="cp '{connection_file}' /tmp/kernel.json && chmod 0644 /tmp/kernel.json",
+                       log=log)
+    folder = folder / "kernels" / SPEC
+    folder.mkdir(parents=True, exist_ok=True)
+    # Interrupts by message: a signal to the sandbox's outer process would end the sandbox, where
+    # nbgrader's interrupt at a cell's time limit must reach IPython inside it (ipykernel then
+    # signals its own process group).
+    (folder / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "lab sandbox",
+                                                    "language": "python", "interrupt_mode": "message"}))
+
+
 def settings(run: Path, connection: Path) -> dict[str, object]:
-    """nbgrader's settings for a kernel that binds its channels in ``run`` (the sandbox's folder)
-    and reads its connection file from ``connection`` (root's, read-only in the sandbox)."""
-    return {"BoundedExecute__pinned_channels": True, "KernelManager__transport": "ipc",
+    """nbgrader's settings for the kernel of :func:`spec`, which binds its channels in ``run`` (the
+    sandbox's folder) and reads its connection file from ``connection`` (root's, read-only in the
+    sandbox)."""
+    return {"Execute__kernel_name": SPEC, "BoundedExecute__pinned_channels": True, "KernelManager__transport": "ipc",
             "KernelManager__ip": str(run / "kernel"),
             "KernelManager__connection_file": str(connection / "kernel.json")}
 

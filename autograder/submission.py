@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -222,27 +221,6 @@ SUBMISSION_BUDGET_CELLS = 6
 DISK_HEADROOM = 1.25
 
 
-def _kernel_spec(folder: Path, box: sandbox.Sandbox, log: Path) -> None:
-    """A kernel spec ``lab-sandbox`` in ``folder`` (put on JUPYTER_PATH) that starts IPython in ``box``.
-
-    nbgrader writes the connection file (mode 600, root's) into root's own folder, which the
-    sandbox sees read-only (:func:`.kernel.settings`); the sandbox's root copies it to its own /tmp
-    for the kernel, which runs as nobody and binds its channels in the run folder. The
-    kernel process's own output (its banner, C++ libraries' logging) goes to ``log``, not the
-    grader's terminal.
-    """
-    argv = box.command([sys.executable, "-m", "ipykernel_launcher", "-f", "/tmp/kernel.json"],
-                       before="cp '{connection_file}' /tmp/kernel.json && chmod 0644 /tmp/kernel.json",
-                       log=log)
-    spec = folder / "kernels" / "lab-sandbox"
-    spec.mkdir(parents=True, exist_ok=True)
-    # Interrupts by message: a signal to the sandbox's outer process would end the sandbox, where
-    # nbgrader's interrupt at a cell's time limit must reach IPython inside it (ipykernel then
-    # signals its own process group).
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "lab sandbox",
-                                                  "language": "python", "interrupt_mode": "message"}))
-
-
 @dataclass
 class Folders:
     """One submission's folders, all in ``work`` (root's: no sandboxed process can rename or
@@ -395,9 +373,9 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
             dirs.fresh("run", owned=sandboxed)  # what the last kernel left there is gone
             _give_rungs(dirs, sandbox.user() if sandboxed else None)
             if box is not None:
-                _kernel_spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
-                             dirs.run / "kernel.log")
-                settings.update(Execute__kernel_name="lab-sandbox", **kernel.settings(dirs.run, dirs.connection))
+                kernel.spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
+                            dirs.run / "kernel.log")
+                settings.update(kernel.settings(dirs.run, dirs.connection))
             app = gradebook.app(Autograde, the, CourseDirectory__student_id=student,
                        CourseDirectory__notebook_id=name, Autograde__create_student=True, **settings)
             # the config's stand-in (nbgrader autograde alone refuses to grade) becomes the sandboxed run

@@ -36,9 +36,9 @@ def execute(tmp_path, *cells: str, timeout_s: int = 30, links: dict[str, str] | 
     dirs.fresh("connection", "jupyter", owned=False)
     dirs.connection.chmod(0o700)
     box = sandbox.Sandbox(writable=(dirs.run, dirs.cwd), readable=(dirs.connection,), budget_s=4 * timeout_s)
-    submission._kernel_spec(dirs.jupyter, box, dirs.run / "kernel.log")
+    kernel.spec(dirs.jupyter, box, dirs.run / "kernel.log")
     config = Config()
-    for key, value in {"Execute__kernel_name": "lab-sandbox", "Execute__timeout": timeout_s,
+    for key, value in {"Execute__timeout": timeout_s,
                        "Execute__shutdown_kernel": "immediate", **kernel.settings(dirs.run, dirs.connection)}.items():
         section, name = key.split("__")
         config[section][name] = value
