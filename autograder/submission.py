@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,11 +33,11 @@ from pathlib import Path
 import nbformat
 
 from nbgrader.preprocessors import Execute
-from traitlets import List
+from traitlets import Bool, List
 
 from labsupport.grading import MEASURED_BY_THE_GRADER
 
-from . import boundary, course, deciding, gradebook, sandbox, skipping
+from . import boundary, course, deciding, gradebook, kernel, sandbox, skipping
 from .course import Course
 
 # Cell outputs that mean nbgrader interrupted a cell at its time limit.
@@ -117,6 +116,15 @@ class BoundedExecute(Execute):
 
     max_output_bytes = 8 * 2**20
     skipped = List(help="ids of the cells left out of this run (skipping.to_skip), shown as skipping.WHY").tag(config=True)
+    pinned_channels = Bool(False, help="the kernel is sandboxed: reach its channels through root's "
+                                       "descriptors (kernel.PinnedKernelManager)").tag(config=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Here, not by config: nbgrader's Execute passes its kernel manager class as an argument,
+        # which outranks the config.
+        if self.pinned_channels:
+            self.kernel_manager_class = kernel.PinnedKernelManager
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "code" and cell.get("id") in self.skipped:
@@ -213,26 +221,6 @@ SUBMISSION_BUDGET_CELLS = 6
 DISK_HEADROOM = 1.25
 
 
-def _kernel_spec(folder: Path, box: sandbox.Sandbox, log: Path) -> None:
-    """A kernel spec ``lab-sandbox`` in ``folder`` (put on JUPYTER_PATH) that starts IPython in ``box``.
-
-    nbgrader writes the connection file (mode 600, root's) into the run folder, made fresh for
-    each notebook; the sandbox copies it to its own /tmp for the kernel, which runs as nobody. The
-    kernel process's own output (its banner, C++ libraries' logging) goes to ``log``, not the
-    grader's terminal.
-    """
-    argv = box.command([sys.executable, "-m", "ipykernel_launcher", "-f", "/tmp/kernel.json"],
-                       before="cp '{connection_file}' /tmp/kernel.json && chmod 0644 /tmp/kernel.json",
-                       log=log)
-    spec = folder / "kernels" / "lab-sandbox"
-    spec.mkdir(parents=True, exist_ok=True)
-    # Interrupts by message: a signal to the sandbox's outer process would end the sandbox, where
-    # nbgrader's interrupt at a cell's time limit must reach IPython inside it (ipykernel then
-    # signals its own process group).
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "lab sandbox",
-                                                  "language": "python", "interrupt_mode": "message"}))
-
-
 @dataclass
 class Folders:
     """One submission's folders, all in ``work`` (root's: no sandboxed process can rename or
@@ -247,7 +235,9 @@ class Folders:
                  "store": "the grader's results store (verdict processes)", "outbox": "verdicts",
                  "inputs": "what root hands a verdict process (root's, read-only)",
                  "judged": "what the judge keeps for later notebooks: checks, rungs, code (root's)",
-                 "jupyter": "the kernel spec (root's)"}
+                 "jupyter": "the kernel spec (root's)",
+                 "connection": "the kernel's connection file (root's, mode 700: read-only in the sandbox, "
+                               "where only its root, before dropping to nobody, reads it)"}
         if name not in kinds:
             raise AttributeError(name)
         return self.work / name
@@ -328,7 +318,8 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
             print(f"note: {batch.disk}; the watchdog counts each submission's files instead")
     disk = dirs.work if sandboxed and batch.disk is None else None
     dirs.fresh("results", "report", "inductor", "store", "outbox", owned=sandboxed)
-    dirs.fresh("judged", owned=False)
+    dirs.fresh("judged", "connection", owned=False)
+    dirs.connection.chmod(0o700)
     shutil.copytree(folder, dirs.cwd)  # the kernel's working folder: the submission as handed in
     if sandboxed:
         sandbox.own(dirs.cwd)
@@ -347,7 +338,8 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
     readable = (batch.lib, Path(batch.settings["data"]), Path(batch.settings["thresholds"]).parent)
     box = verdict_box = None
     if sandboxed:
-        box = sandbox.Sandbox(writable=(dirs.results, dirs.run, dirs.report, dirs.inductor), readable=readable,
+        box = sandbox.Sandbox(writable=(dirs.results, dirs.run, dirs.report, dirs.inductor),
+                              readable=readable + (dirs.connection,),
                               env={"PYTHONPATH": str(batch.lib), "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)},
                               mounts=((dirs.cwd, autograded),))
         verdict_box = sandbox.Sandbox(writable=(dirs.store, dirs.outbox, dirs.inductor),
@@ -381,11 +373,9 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
             dirs.fresh("run", owned=sandboxed)  # what the last kernel left there is gone
             _give_rungs(dirs, sandbox.user() if sandboxed else None)
             if box is not None:
-                _kernel_spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
-                             dirs.run / "kernel.log")
-                settings.update(Execute__kernel_name="lab-sandbox", KernelManager__transport="ipc",
-                                KernelManager__ip=str(dirs.run / "kernel"),
-                                KernelManager__connection_file=str(dirs.run / "connection.json"))
+                kernel.spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
+                            dirs.run / "kernel.log")
+                settings.update(kernel.settings(dirs.run, dirs.connection))
             app = gradebook.app(Autograde, the, CourseDirectory__student_id=student,
                        CourseDirectory__notebook_id=name, Autograde__create_student=True, **settings)
             # the config's stand-in (nbgrader autograde alone refuses to grade) becomes the sandboxed run
