@@ -220,6 +220,18 @@ def rung_details(lad: Ladder) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("rung") if rows else pd.DataFrame()
 
 
+def roofline_html(lad: Ladder) -> list[str]:
+    """The report's roofline section (:func:`labsupport.roofline.html_section`), where the rungs were
+    measured on this machine (the peak is this machine's); else nothing."""
+    from . import roofline as roof
+    from .hardware import describe_machine
+
+    here = describe_machine()
+    if not lad.machine or not hardware.same_machine(lad.machine, here.as_dict()):
+        return []
+    return roof.html_section(lad, roof.peaks(here.device, lad.machine, roof.wanted(lad), lad.directory), _table)
+
+
 def roofline(lad: Ladder, device: "torch.device | str", peaks: dict[str, dict] | None = None) -> pd.DataFrame:
     """How close each rung's step runs to what ``device`` can do (:func:`labsupport.roofline.table`):
     its FLOP/s against the theoretical peak in its dtype, beside the best kernel measured. ``peaks``
@@ -331,7 +343,9 @@ def plots(lad: Ladder) -> dict[str, object]:
             left += ph[phase].fillna(0)
         ax.set(xlabel="ms per step: the rung's median step, split by its measured phase shares",
                title="Where a step's time goes")
-        ax.legend(loc="lower right", fontsize="small")
+        # Below the axes, not on them: inside, it covered the end of the longest bar.
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(ph.columns), fontsize="small",
+                  frameon=False)
         figures["breakdown"] = fig
     mem = t.dropna(subset=["peak MiB"]) if "peak MiB" in t else pd.DataFrame()
     if not mem.empty:
@@ -343,7 +357,7 @@ def plots(lad: Ladder) -> dict[str, object]:
         for i, (label, row) in enumerate(mem.iterrows()):
             ax.scatter(row["samples/s"], row["peak MiB"], marker=markers[i % 5], color=colours[i % 5], s=50,
                        label=label)
-        ax.legend(fontsize="small", loc="best")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
         ax.margins(0.15)
         ax.set(xlabel="samples/s", ylabel="peak memory of a step (MiB)", title="Memory against throughput")
         figures["memory"] = fig
@@ -415,7 +429,7 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
         if not details.empty:
             parts += ['<h2 id="rungs">Each rung: what changed, spread, memory</h2>',
                       _table(details, "rungs", float_format=lambda v: f"{v:,.1f}")]
-        parts += _roofline_section(lad)
+        parts += roofline_html(lad)
     if lad.missing:
         parts += ['<h2 id="missing">Missing stages</h2>', "<ul>"] + \
                  [f"<li>{html.escape(m)}</li>" for m in lad.missing] + ["</ul>"]
@@ -448,35 +462,6 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
                  "<p>The written analysis is in 06_report.ipynb (its notebook was not beside the kernel "
                  "that exported this page).</p>")
     return write_page(path, title, parts)
-
-
-ROOFLINE_NOTE = ("FLOPs of a training image counted on the step (matmuls and convolutions, 2 per multiply-add; "
-                 "not elementwise operators or data movement), times the rung's images/s. \"% of peak\" is against "
-                 "the theoretical peak, which nothing can exceed; the best kernel is the fastest of a dense matmul "
-                 "at several sizes and the step's own 3x3 convolutions in both layouts, each timed alone, once "
-                 "per run (kept in the results store, so the printed table and this page agree). A rung near the "
-                 "theoretical peak is compute-bound; one above it would mean a count to fix, or a convolution "
-                 "algorithm (Winograd) doing fewer multiplies than counted.")
-
-
-def _roofline_section(lad: Ladder) -> list[str]:
-    """The report's roofline: each rung against the theoretical peak and the best kernel measured,
-    and every kernel measured; only where the rungs were measured (the peak is this machine's)."""
-    from . import roofline as roof
-    from .hardware import describe_machine
-
-    here = describe_machine()
-    if not lad.machine or not hardware.same_machine(lad.machine, here.as_dict()):
-        return []
-    found = roof.peaks(here.device, lad.machine, roof.wanted(lad), lad.directory)
-    rungs = roof.table(lad, found)
-    if rungs.empty:
-        return []
-    how = "".join(f"<li>{html.escape(d)}: {html.escape(e['how'])}</li>" for d, e in found.items())
-    return ['<h2 id="roofline">How close to the machine\'s limit</h2>', f"<p>{html.escape(ROOFLINE_NOTE)}</p>",
-            _table(rungs, "roofline", float_format=lambda v: f"{v:,.1f}"),
-            f"<p>Theoretical peaks:</p><ul>{how}</ul>",
-            _table(roof.kernels_frame(found), "kernels", index=False, float_format=lambda v: f"{v:,.1f}")]
 
 
 def markdown_html(text: str) -> str:
@@ -512,14 +497,14 @@ def figure_html(fig, alt: str) -> str:
 def write_page(path: Path | str, title: str, parts: list[str]) -> Path:
     """Write one self-contained HTML page of ``parts`` (HTML snippets) with the report's style.
     """
-    style = ("body{font-family:system-ui,sans-serif;max-width:60em;margin:1em auto;padding:0 1em;color:#222}"
+    style = ("body{font-family:system-ui,sans-serif;max-width:75em;margin:1em auto;padding:0 1em;color:#222}"
              ".scroll{overflow-x:auto}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}"
              "th{background:#f3f3f3}"
              "img{max-width:100%;height:auto}figure{margin:1em 0}"
-             # Wide tables (each rung's details) wrap their cells rather than run off the page:
-             # long words break, and headers wrap at spaces (issue 63: a column cut off at 1280 px).
-             "table{max-width:100%}td,th{overflow-wrap:anywhere}.dataframe{font-size:.9em}"
+             # Each rung's details table needs about 1,000 px (issue 63: at 60em its last column was
+             # cut off at 1280 px): the page is 75em wide and cells wrap at spaces; a phone scrolls it.
+             "table{max-width:100%}td,th{overflow-wrap:break-word}.dataframe{font-size:.9em}"
              ".analysis code{background:#f3f3f3;padding:0 .2em}")
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"

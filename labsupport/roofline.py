@@ -264,7 +264,8 @@ def reading(per_s: float, theoretical_: float | None, best: float) -> str:
     if theoretical_ and per_s >= NEAR * theoretical_:
         return "near the theoretical peak: compute-bound; only cheaper arithmetic or less work pays"
     if per_s > best:
-        return "faster than any single kernel measured alone: the step's kernels beat these shapes"
+        return ("faster than every kernel measured alone: those ran slower than the step's own (a busier "
+                "machine when they were timed, or shapes unlike the step's)")
     return ""
 
 
@@ -318,3 +319,27 @@ def kernels_frame(found: dict[str, dict]) -> pd.DataFrame:
              "% of peak": 100 * k["GFLOP/s"] * 1e9 / e["theoretical"] if e["theoretical"] else float("nan")}
             for dtype, e in found.items() for k in e["kernels"]]
     return pd.DataFrame(rows)
+
+
+NOTE = ("FLOPs of a training image counted on the step (matmuls and convolutions, 2 per multiply-add; "
+        "not elementwise operators or data movement), times the rung's images/s. \"% of peak\" is against "
+        "the theoretical peak, which nothing can exceed; the best kernel is the fastest of a dense matmul "
+        "at several sizes and the step's own 3x3 convolutions in both layouts, each timed alone, once "
+        "per run (kept in the results store, so the printed table and the report agree). A rung near the "
+        "theoretical peak is compute-bound; one above it would mean a count to fix, or a convolution "
+        "algorithm (Winograd) doing fewer multiplies than counted.")
+
+
+def html_section(lad, found: dict[str, dict], as_table) -> list[str]:
+    """06's report section: each rung against the peaks ``found`` (:func:`peaks`), how each
+    theoretical peak was made, and every kernel measured; ``as_table(frame, css, **kw)`` renders."""
+    import html
+
+    rungs = table(lad, found)
+    if rungs.empty:
+        return []
+    how = "".join(f"<li>{html.escape(d)}: {html.escape(e['how'])}</li>" for d, e in found.items())
+    return ['<h2 id="roofline">How close to the machine\'s limit</h2>', f"<p>{html.escape(NOTE)}</p>",
+            as_table(rungs, "roofline", float_format=lambda v: f"{v:,.1f}"),
+            f"<p>Theoretical peaks:</p><ul>{how}</ul>",
+            as_table(kernels_frame(found), "kernels", index=False, float_format=lambda v: f"{v:,.1f}")]
