@@ -44,6 +44,8 @@ def cmd_run(args) -> int:
             print(details[["builds on", "samples/s IQR", "step ms (median)", "change"]].round(1)
                   .to_string(na_rep="-", max_colwidth=70))
         print(f"(-: not measured. {report.LADDER_NOTE})")
+        for line in report.phase_mismatches(lad):  # the report draws its shares on the timed step
+            print("phases:", line)
         roof = report.roofline(lad, describe_machine().device)  # the peaks 06's report kept: one value
         if not roof.empty:
             print("\nHow close each rung runs to this machine's limit (FLOPs counted on the step; % of the "
