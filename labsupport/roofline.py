@@ -165,7 +165,11 @@ def _gpu_bound(device: torch.device, dtype: str) -> Bound:
         return Bound(None, f"not known: compute capability {props.major}.{props.minor} has no tensor cores")
     if dtype == "float16" or (dtype == "bfloat16" and props.major >= 8):
         return Bound(fp16, how + f" ({dtype}, dense)")
-    return Bound(fp16 / 2, how + " (TF32, dense: the most float32 work can reach)")
+    if props.major >= 8:
+        return Bound(fp16 / 2, how + " (TF32, dense: the most float32 work can reach)")
+    # No TF32 (and no native bf16) before Ampere: half the fp16 rate still bounds the CUDA cores'
+    # float32 (a T4's 8.1 TFLOPS against 32.5), loosely.
+    return Bound(fp16 / 2, how + f" (half the fp16 rate: a loose bound for {dtype}, which runs on the CUDA cores here)")
 
 
 def _conv_flops(batch: int, channels: int, size: int) -> int:
@@ -182,13 +186,15 @@ def kernels(device: torch.device | str, dtype: str, image_size: int, batch_size:
     ``n x n`` matmuls, and the 3x3 convolutions of ResNet-18's first and third stages (64 channels at
     a quarter of ``image_size``, 256 at a sixteenth) on ``batch_size`` images, forward, in NCHW and
     channels_last."""
-    from .measure import micro
+    from .measure import micro, sync
 
     device, dt = torch.device(device), getattr(torch, dtype)
+    # torch.utils.benchmark synchronises CUDA only: on MPS each call waits for its kernel here.
+    done = (lambda out: sync(device)) if device.type == "mps" else (lambda out: out)
     rows = []
     for n in MATMUL_SIZES.get(device.type, (1024,)):
         a, b = (torch.randn(n, n, device=device).to(dt) for _ in range(2))
-        m = micro(lambda: torch.mm(a, b), f"matmul {n}", min_run_time_s=min_run_time_s)
+        m = micro(lambda: done(torch.mm(a, b)), f"matmul {n}", min_run_time_s=min_run_time_s)
         rows.append({"kernel": f"matmul {n}x{n}", "GFLOP/s": 2 * n ** 3 / m.median / 1e9})
     for channels, size in ((64, max(image_size // 4, 1)), (256, max(image_size // 16, 1))):
         conv = torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False).to(device, dt)
@@ -196,7 +202,7 @@ def kernels(device: torch.device | str, dtype: str, image_size: int, batch_size:
         for layout, fmt in (("NCHW", torch.contiguous_format), ("channels_last", torch.channels_last)):
             c, xi = conv.to(memory_format=fmt), x.contiguous(memory_format=fmt)
             with torch.no_grad():
-                m = micro(lambda: c(xi), f"conv {channels}", min_run_time_s=min_run_time_s)
+                m = micro(lambda: done(c(xi)), f"conv {channels}", min_run_time_s=min_run_time_s)
             rows.append({"kernel": f"3x3 conv {channels} ch {size}x{size} x{batch_size}, {layout}",
                          "GFLOP/s": _conv_flops(batch_size, channels, size) / m.median / 1e9})
     return rows

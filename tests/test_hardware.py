@@ -321,3 +321,24 @@ def test_the_theoretical_peak_bounds_every_kernel_measured_on_this_machine():
             pytest.skip(f"this machine's theoretical peak cannot be known: {bound.how}")
         for kernel in roofline.kernels("cpu", dtype, image_size=64, batch_size=8, min_run_time_s=0.05):
             assert kernel["GFLOP/s"] * 1e9 <= bound.flops_per_s, (dtype, kernel, bound.how)
+
+
+def test_a_gpus_theoretical_peak_is_sms_times_clock_times_its_tensor_rate(monkeypatch):
+    """An H100 SXM (132 SMs, 1.83 GHz): 989 dense fp16/bf16 TFLOPS, the datasheet's; float32 at
+    TF32's half of it (a bound whether TF32 is on or not); a T4 (7.5) has no native bf16, so its
+    bf16 bound is its float32 one; a torch that does not report the clock gets no figure."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from labsupport import roofline
+
+    gpu = SimpleNamespace(major=9, minor=0, multi_processor_count=132, clock_rate=1.83e6)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: gpu)
+    assert roofline.theoretical("cuda", "bfloat16").flops_per_s == pytest.approx(989.4e12, rel=1e-3)
+    assert roofline.theoretical("cuda", "float32").flops_per_s == pytest.approx(989.4e12 / 2, rel=1e-3)
+    gpu.major, gpu.minor, gpu.multi_processor_count, gpu.clock_rate = 7, 5, 40, 1.59e6
+    assert roofline.theoretical("cuda", "float16").flops_per_s == pytest.approx(65e12, rel=0.01)
+    assert roofline.theoretical("cuda", "bfloat16").flops_per_s == pytest.approx(65e12 / 2, rel=0.01)
+    del gpu.clock_rate
+    assert roofline.theoretical("cuda", "float16").flops_per_s is None
