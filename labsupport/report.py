@@ -254,7 +254,8 @@ def phases(lad: Ladder) -> pd.DataFrame:
     right after its timed steps, synchronising at every phase boundary: its *shares* are what it
     measures (:class:`labsupport.measure.PhaseClock`), so each share is drawn on the rung's timed
     median step, and a breakdown whose stamped steps took far longer or shorter than the timed ones
-    is named in :func:`phase_mismatches`. A rung without a median step keeps its stamped times.
+    is named in :func:`phase_mismatches`. A rung without a median step, or timed from outside by the
+    grader's judge (its data wait only), keeps its stamped times.
     """
     from .train import PHASES
 
@@ -265,7 +266,8 @@ def phases(lad: Ladder) -> pd.DataFrame:
             continue
         stamped = {p: float(v) for p, v in stamped.items() if p in PHASES and isinstance(v, (int, float))}
         total, median = sum(stamped.values()), rec.get("median_ms")
-        scale = median / total if total > 0 and isinstance(median, (int, float)) and median > 0 else 1.0
+        whole = set(stamped) == set(PHASES) and total > 0 and isinstance(median, (int, float)) and median > 0
+        scale = median / total if whole else 1.0
         rows[labels.get(rec["stage"], rec["stage"])] = {p: v * scale for p, v in stamped.items()}
     return pd.DataFrame(rows).T.reindex(columns=list(PHASES)) if rows else pd.DataFrame()
 
@@ -278,10 +280,13 @@ PHASE_MISMATCH = 1.25
 
 def phase_mismatches(lad: Ladder) -> list[str]:
     """The rungs whose breakdown's stamped steps took far longer or shorter than their timed ones."""
+    from .train import PHASES
+
     labels, out = dict(RUNGS), []
     for _, rec in lad.rows.iterrows():
         stamped, median = rec.get("phases_ms"), rec.get("median_ms")
-        if not isinstance(stamped, dict) or not isinstance(median, (int, float)) or median <= 0:
+        if not isinstance(stamped, dict) or set(stamped) != set(PHASES) or not isinstance(median, (int, float)) \
+                or median <= 0:
             continue
         total = sum(v for v in stamped.values() if isinstance(v, (int, float)))
         if total > 0 and not 1 / PHASE_MISMATCH <= total / median <= PHASE_MISMATCH:

@@ -299,7 +299,7 @@ def table(lad, found: dict[str, dict]) -> pd.DataFrame:
         best = max(entry["kernels"], key=lambda k: k["GFLOP/s"])
         bound = entry["theoretical"]
         rows.append({"rung": dict(report.RUNGS).get(rec["stage"], rec["stage"]), "dtype": dtype,
-                     "GFLOP/s": flops / 1e9,
+                     "GFLOP per image": per_image / 1e9, "GFLOP/s": flops / 1e9,
                      "theoretical peak GFLOP/s": bound / 1e9 if bound else float("nan"),
                      "best kernel GFLOP/s": best["GFLOP/s"],
                      "% of peak": 100 * flops / bound if bound else float("nan"),

@@ -278,13 +278,14 @@ def test_each_rungs_phases_add_up_to_the_step_time_the_ladder_gives_it(tmp_path)
     folder = tmp_path / "results"
     stamped = {"data wait": 40.0, "host to device": 0.0, "forward": 680.0, "backward": 780.0, "optimizer": 80.0}
     for stage, median, phases in (("01-baseline", 368.0, stamped),
-                                  ("02-data", 330.0, {"data wait": 10.0, "forward": 130.0, "backward": 180.0,
-                                                      "optimizer": 12.0})):
+                                  ("02-data", 330.0, {"data wait": 10.0, "host to device": 0.0, "forward": 130.0,
+                                                      "backward": 180.0, "optimizer": 12.0}),
+                                  ("03-amp", 200.0, {"data wait": 9.0})):  # timed by the judge: its wait only
         results.record(stage, {"samples_per_s": 32_000 / median, "median_ms": median, "phases_ms": phases},
                        machine=MACHINE, profile={"batch_size": 32}, directory=folder)
     lad = report.ladder(folder, assemble=_assemble())
     ph = report.phases(lad)
-    assert ph.sum(axis=1).tolist() == pytest.approx([368.0, 330.0])
+    assert ph.sum(axis=1).tolist() == pytest.approx([368.0, 330.0, 9.0])
     assert ph.loc["baseline", "backward"] == pytest.approx(368.0 * 780 / 1580)
     assert [m.split(":")[0] for m in report.phase_mismatches(lad)] == ["baseline"]
     html = report.export_html(tmp_path / "r.html", lad, checks=_no_checks(), analysis="-").read_text()
