@@ -84,8 +84,11 @@ def flops_per_cycle(info: dict, dtype: str, units: str) -> tuple[int | None, str
 # (a VM without cpufreq): a bound, not this CPU's clock. From the vendors' product pages:
 # EPYC 9004 "Genoa" (family 25, model 0x10-0x1f; WikiChip: "Family 19h, Model 11h"): the 9174F's
 # up to 4.4 GHz; EPYC 7003 "Milan" (family 25, model 0x00-0x0f): the 72F3's up to 4.1 GHz; Xeon
-# "Sapphire Rapids" (family 6, model 143, Xeon W-3400 included): the w9-3495X's up to 4.8 GHz.
+# "Sapphire Rapids" (family 6, model 143, Xeon W-3400 included): the w9-3495X's up to 4.8 GHz; any
+# Zen 5 (family 26: EPYC 9005 "Turin", Ryzen 9000): the Ryzen 9 9950X's up to 5.7 GHz. A VM's model
+# name ("AMD EPYC") hides which of these it is; its family and model do not.
 FAMILY_MAX_GHZ = ((("AuthenticAMD", 25, range(0x10, 0x20)), 4.4, "EPYC 9004 (Genoa): the 9174F's max boost"),
+                  (("AuthenticAMD", 26, range(0, 256)), 5.7, "Zen 5: the Ryzen 9 9950X's max boost"),
                   (("AuthenticAMD", 25, range(0x00, 0x10)), 4.1, "EPYC 7003 (Milan): the 72F3's max boost"),
                   (("GenuineIntel", 6, range(143, 144)), 4.8, "Sapphire Rapids: the w9-3495X's max turbo"))
 
@@ -226,6 +229,9 @@ def peaks(device: torch.device | str, machine: dict, wanted: dict[str, tuple[int
 
     path = Path(directory or results_dir()) / PEAKS_FILE
     threads = torch.get_num_threads()
+    # A VM names a Zen 4 and a Zen 5 EPYC alike ("AMD EPYC"), and same_machine compares names: the
+    # core's family and model tell them apart (twice the FLOPs per cycle on Zen 5).
+    core = {k: v for k, v in _cpuinfo().items() if k in ("vendor", "family", "model")}
     try:
         # The store may be a student's (an instructor's report of their run): a link or an outsized
         # file is not read, and the kept file is replaced, never written through.
@@ -233,6 +239,7 @@ def peaks(device: torch.device | str, machine: dict, wanted: dict[str, tuple[int
             raise ValueError(f"{path}: not a plain, small file")
         kept = json.loads(path.read_text())
         entries = kept["entries"] if (isinstance(kept.get("entries"), dict) and kept.get("threads") == threads
+                                      and kept.get("core") == core
                                       and same_machine(kept.get("machine") or {}, machine, cores=True)) else {}
     except (OSError, ValueError, AttributeError, TypeError):
         entries = {}
@@ -248,7 +255,8 @@ def peaks(device: torch.device | str, machine: dict, wanted: dict[str, tuple[int
     if changed:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"machine": machine, "threads": threads, "entries": entries}, indent=1))
+        tmp.write_text(json.dumps({"machine": machine, "threads": threads, "core": core, "entries": entries},
+                                  indent=1))
         tmp.replace(path)
     return {dtype: entries[dtype] for dtype in wanted}
 
