@@ -13,7 +13,8 @@ Two figures per device and dtype, both shown (design brief, point 10):
 
 :func:`peaks` measures the kernels once per run and keeps them in the results store
 (``roofline/peaks.json``), so ``make run``'s printed table and the HTML report read the same
-value; :func:`table` reads each rung against both. 01 (the baseline's share) and 06 use them.
+value; :func:`table` reads each rung against both. 06's report (:func:`labsupport.report.export_html`)
+and ``make run``'s closing table use them.
 """
 
 from __future__ import annotations
@@ -103,7 +104,11 @@ def cpu_clock_ghz(info: dict, cpus: list[int] | None = None) -> tuple[float | No
     """
     forced = os.environ.get("LAB_CPU_MAX_GHZ", "").strip()
     if forced:
-        return float(forced), "LAB_CPU_MAX_GHZ"
+        try:
+            return float(forced), "LAB_CPU_MAX_GHZ"
+        except ValueError:
+            raise ValueError(f"LAB_CPU_MAX_GHZ={forced!r}: give the CPU's max boost clock in GHz, e.g. 3.7, "
+                             "or unset it") from None
     cpus = cpus if cpus is not None else sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     found = []
     for cpu in cpus:
