@@ -44,11 +44,16 @@ def cmd_run(args) -> int:
             print(details[["builds on", "samples/s IQR", "step ms (median)", "change"]].round(1)
                   .to_string(na_rep="-", max_colwidth=70))
         print(f"(-: not measured. {report.LADDER_NOTE})")
-        roof = report.roofline(lad, describe_machine().device)
+        for line in report.phase_mismatches(lad):  # the report draws its shares on the timed step
+            print("phases:", line)
+        roof = report.roofline(lad, describe_machine().device)  # the peaks 06's report kept: one value
         if not roof.empty:
-            print("\nHow close each rung runs to this machine's limit (FLOPs counted on the step; the peak: "
-                  "a dense matmul in the rung's dtype, measured now):")
-            print(roof.round(1).to_string())
+            print("\nHow close each rung runs to this machine's limit (FLOPs counted on the step; % of the "
+                  "theoretical peak; the best kernel measured alone beside it; as in the report):")
+            print(roof.drop(columns=["reading"]).round(1).to_string(na_rep="-"))
+            for rung, why in roof["reading"].items():
+                if why:
+                    print(f"  {rung}: {why}")
     for line in lad.missing:
         print("missing:", line)
     if misses:
