@@ -103,7 +103,11 @@ def test_distribution_metadata_is_for_students(distribution):
     assert meta["project"]["name"] == "labsupport" and meta["project"]["readme"] == "README.md"
     readme = (folder / "README.md").read_text()
     for needed in ("pip install -r requirements.txt -e .", "jupyter lab notebooks/", "Colab",
-                   "Drive", "Check your work", 'ls.check("02", globals())', "submit"):
+                   "Drive", "Check your work", 'ls.check("02", globals())', "submit",
+                   # Colab: the URL that opens a notebook from the released repository, the runtime
+                   # chosen before the first cell, Drive saved by every notebook's last cell
+                   "https://colab.research.google.com/github/OWNER/REPOSITORY/blob/BRANCH/notebooks/",
+                   "Change runtime type", "ls.paths.finish()"):
         assert needed in readme, f"the student README does not mention {needed!r}"
     assert (folder / "data" / "README.md").read_bytes() == (REPO / "data" / "README.md").read_bytes()
 
