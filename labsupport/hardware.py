@@ -54,8 +54,9 @@ class Profile:
     grades_speed: bool = True  # False for profiles too small for a speedup to mean anything
 
 
-# Why these sizes: on the CI machine class (2 cores with AMX) a ResNet-18 step at 112 px, batch 32
-# takes about 0.9 s in fp32 and bf16 autocast is 1.8x faster there, while at 32 px bf16 is *slower*
+# Why these sizes: on 2 cores of an Intel CPU with AMX (one of the 2-core machines the lab was
+# measured on) a ResNet-18 step at 112 px, batch 32 takes about 0.9 s in fp32 and bf16 autocast is
+# 1.8x faster there (1.7-2.0x with AMX or AVX-512 BF16), while at 32 px bf16 is *slower*
 # (AMX needs enough work per convolution; design brief). GPU profiles use a larger batch so the
 # GPU is busy enough that the naive input pipeline, not the model, becomes the bottleneck.
 PROFILES: dict[str, Profile] = {
