@@ -142,9 +142,10 @@ def _span(low: int, high: int) -> str:
     return f"{low / 60:.0f} min" if low == high else f"{low / 60:.0f}-{high / 60:.0f} min"
 
 
-def sitting(number: str) -> "pd.DataFrame":
+def sitting(number: str, lab=None) -> "pd.DataFrame":
     """Notebook ``number``'s time: the student's work, and its compute time on each device class,
-    measured or estimated (the table every notebook shows under its setup cell)."""
+    measured or estimated, with ``lab``'s class marked (the table every notebook shows under its
+    setup cell)."""
     import pandas as pd
 
     nb = get(number)
@@ -152,7 +153,9 @@ def sitting(number: str) -> "pd.DataFrame":
              if number in OPTIONAL_MINUTES else "")
     print(f"{nb.number} · {nb.title}: about {STUDENT_MINUTES[number]} minutes of your own work{extra}, an estimate; "
           "the notebook computes for the time below on your machine's class:")
+    here = lab.machine.profile if lab is not None else None  # its class, or its GPU family's profile
     rows = {times.device_class: {"compute": _span(*times.seconds[number]),
                                  "": "measured" if number in times.measured else "estimated",
+                                 "this machine": "<-" if times.device_class == here else "",
                                  "how": times.how} for times in COMPUTE}
     return pd.DataFrame(rows).T.rename_axis("device class (profile)")

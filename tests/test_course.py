@@ -277,8 +277,8 @@ def test_every_notebook_states_its_times_and_ends_by_saving_to_drive(master):
     nb, number = _read(master), master.stem[:2]
     code = [c for c in nb.cells if c.cell_type == "code"]
     sitting = code[1]
-    assert sitting.source.startswith(f'ls.notebooks.sitting("{number}")'), (
-        f"{master.name}: the cell under the setup cell must show ls.notebooks.sitting(\"{number}\")")
+    assert sitting.source.startswith(f'ls.notebooks.sitting("{number}", lab)'), (
+        f"{master.name}: the cell under the setup cell must show ls.notebooks.sitting(\"{number}\", lab)")
     assert sitting.metadata.get("nbgrader", {}).get("locked"), f"{master.name}: lock the times cell"
     assert "**Time.**" in nb.cells[0].source and "table under the setup cell" in nb.cells[0].source
     assert 0 < notebooks.STUDENT_MINUTES[number] <= notebooks.MAX_STUDENT_MINUTES, (
@@ -292,6 +292,10 @@ def test_every_notebook_states_its_times_and_ends_by_saving_to_drive(master):
             f"{master.name}, {times.device_class}: a measured time is one figure; an estimate says how it was made")
     table = notebooks.sitting(number)
     assert set(table.index) == classes and set(table[""]) <= {"measured", "estimated"}
+    from types import SimpleNamespace
+
+    here = notebooks.sitting(number, SimpleNamespace(machine=SimpleNamespace(profile="cpu-bf16")))["this machine"]
+    assert list(here[here != ""].index) == ["cpu-bf16"], "the table marks the class it runs on"
     last = code[-1]
     assert "\nls.paths.finish()" in last.source, f"{master.name}: end with ls.paths.finish()"
     assert last.metadata.get("nbgrader", {}).get("locked"), f"{master.name}: lock the last cell"
