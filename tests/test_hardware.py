@@ -191,12 +191,21 @@ def test_the_torch_floor_is_right_per_platform():
 
 
 def test_require_torch_says_what_an_upgrade_costs(monkeypatch):
-    """07's int8 cell stops on a torch older than its floor, saying the upgrade's cost, and passes on a new one."""
+    """07's int8 cell stops on a torch older than its floor, saying the upgrade's cost, and passes on a
+    new one; 07's fp32 serving does not import torchao on the older torch."""
     from labsupport import hardware
 
     monkeypatch.setattr(torch, "__version__", "2.10.0+cu126")
     with pytest.raises(RuntimeError, match="several GB.*Restart session"):
         hardware.require_torch("int8")
+    import sys
+
+    from labsupport import compress
+
+    # 07's fp32 serving runs on that torch without torchao (made for 2.11): here it cannot import
+    monkeypatch.setitem(sys.modules, "torchao.quantization.pt2e.quantizer.x86_inductor_quantizer", None)
+    with compress.serving():
+        pass
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
     hardware.require_torch("int8")
 
