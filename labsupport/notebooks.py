@@ -5,6 +5,10 @@ notebook records a stage), 06's ladder (the rungs and their order), the graded c
 module grades a notebook), the code carried forward (which names a notebook hands to the later
 ones) and the instructor's ``calibrate`` (which solution cells it re-runs). A seventh notebook is
 one more row here, a master in ``autograder/source/lab/`` and a module in ``labsupport/grading/``.
+
+It also holds each notebook's times, in one place: the student's own work (``STUDENT_MINUTES``, one
+sitting each) and the compute time on every device class (``COMPUTE``, measured or estimated), which
+every notebook shows under its setup cell (:func:`sitting`).
 """
 
 from __future__ import annotations
