@@ -168,22 +168,46 @@ def test_compile_is_not_graded_on_gpus_older_than_compute_capability_7():
 
 
 def test_the_torch_floor_is_right_per_platform():
-    """requirements.txt and pyproject.toml ask for the newest torch any device type needs, and an
-    older torch is named with what it lacks on that device."""
+    """requirements.txt (the full environment) asks for the newest torch anything needs; pyproject.toml,
+    what a Colab `pip install` of labsupport reads, asks for what every device type needs and no more,
+    so Colab's own torch is kept where it is new enough; an older torch is named with what it lacks."""
     import re
 
     from labsupport import hardware
 
     checkout = Path(__file__).resolve().parents[1]
-    need = max(floor for floor, _ in hardware.TORCH_FLOORS.values())
-    for name in ("requirements.txt", "pyproject.toml"):
+    lab = max(floor for floor, _ in hardware.TORCH_FLOORS.values())
+    anything = max(floor for floor, _ in {**hardware.TORCH_FLOORS, **hardware.FEATURE_FLOORS}.values())
+    for name, need in (("requirements.txt", anything), ("pyproject.toml", lab)):
         asked = re.search(r"torch>=(\d+)\.(\d+)", (checkout / name).read_text())
         assert asked and (int(asked[1]), int(asked[2])) >= need, name
-    assert "MPS" in hardware.torch_problem("mps", "2.5.1") and "2.11" in hardware.torch_problem("mps", "2.5.1")
-    assert "torchao" in hardware.torch_problem("cpu", "2.10.0")
+    asked = re.search(r"torch>=(\d+)\.(\d+)", (checkout / "pyproject.toml").read_text())
+    assert (int(asked[1]), int(asked[2])) == lab, "pyproject.toml asks for more than the lab needs: Colab's torch is replaced"
+    assert "MPS" in hardware.torch_problem("mps", "2.5.1") and "2.9" in hardware.torch_problem("mps", "2.5.1")
+    assert "torchao" in hardware.torch_problem("int8", "2.10.0") and hardware.torch_problem("cpu", "2.10.0") is None
     assert hardware.torch_problem("cuda", "2.8.0+cu128") is not None
     assert hardware.torch_problem("cpu", "2.14.1+cu130") is None
     assert hardware.torch_problem("cpu", torch.__version__) is None
+
+
+def test_require_torch_says_what_an_upgrade_costs(monkeypatch):
+    """07's int8 cell stops on a torch older than its floor, saying the upgrade's cost, and passes on a
+    new one; 07's fp32 serving does not import torchao on the older torch."""
+    from labsupport import hardware
+
+    monkeypatch.setattr(torch, "__version__", "2.10.0+cu126")
+    with pytest.raises(RuntimeError, match="several GB.*Restart session"):
+        hardware.require_torch("int8")
+    import sys
+
+    from labsupport import compress
+
+    # 07's fp32 serving runs on that torch without torchao (made for 2.11): here it cannot import
+    monkeypatch.setitem(sys.modules, "torchao.quantization.pt2e.quantizer.x86_inductor_quantizer", None)
+    with compress.serving():
+        pass
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    hardware.require_torch("int8")
 
 
 def test_bf16_means_native_bf16_on_a_gpu(monkeypatch):
