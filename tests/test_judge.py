@@ -21,12 +21,14 @@ import pytest
 import torch
 
 from autograder import sandbox
-from labsupport.grading import wire
+from labsupport.grading import cgroups, wire
 from labsupport.hardware import describe_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_sandbox = pytest.mark.skipif(sandbox.problem() is not None,
                                    reason=f"no grading sandbox here: {sandbox.problem()}")
+needs_cgroups = pytest.mark.skipif(cgroups.problem() is not None,
+                                   reason=f"no cgroup v2 groups here: {cgroups.problem()}")
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +182,121 @@ def test_code_that_bends_the_baseline_or_the_judge_when_loaded_earns_nothing(tmp
     speedup = verdict["checks"]["02-loader-speedup"]
     assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
     assert speedup["measured"] < 1.5, speedup  # the naive loader is about 1x of itself
+
+
+# The paused side keeps running (issue 60). The naive loader served as the answer, with processes
+# of its own that slow the baseline while the student's worker is stopped, which a SIGSTOP to the
+# pids listed in /proc once does not stop. Each burns CPU only while the worker is stopped.
+CHEATS = {
+    # A process that forks and lets its parent exit every millisecond (never the pid just listed),
+    # and starts burners in sessions of their own when it sees its worker stopped.
+    "pid hopper, setsid burners": """
+import os as _os, time as _time
+
+_worker = _os.getpid()
+
+
+def _stopped():
+    try:
+        with open(f"/proc/{_worker}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        _os._exit(0)  # the worker is gone: so are we
+
+
+def _hop():
+    while True:
+        if _os.fork():
+            _os._exit(0)
+        if _stopped():
+            for _ in range(3):
+                if _os.fork() == 0:
+                    _os.setsid()
+                    while _stopped():
+                        pass
+                    _os._exit(0)
+            while _stopped():
+                _time.sleep(0.001)
+        _time.sleep(0.001)
+
+
+if _os.fork() == 0:
+    _os.setsid()
+    _hop()
+""",
+    # Burners started as the code loads, before the first pause, handed to init (a double fork):
+    # no longer below the worker when its processes are listed.
+    "burners started before the first pause": """
+import os as _os, time as _time
+
+_worker = _os.getpid()
+
+
+def _stopped():
+    try:
+        with open(f"/proc/{_worker}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        _os._exit(0)
+
+
+for _ in range(3):
+    if _os.fork() == 0:
+        _os.setsid()
+        if _os.fork():
+            _os._exit(0)
+        while True:
+            if not _stopped():
+                _time.sleep(0.001)
+""",
+}
+NAIVE_ANSWER = """import labsupport as ls
+_naive = ls.pipeline.naive_loader
+
+
+def make_fast_loader(lab, split="train", augment=True):
+    return _naive(lab.profile, split=split, augment=augment, seed=lab.seed)
+"""
+
+
+@needs_cgroups
+@pytest.mark.parametrize("cheat", sorted(CHEATS))
+def test_processes_that_run_on_while_their_worker_is_stopped_gain_nothing(tmp_path, tiny_data, cheat):
+    """The naive loader as 02's answer, with processes that slow the baseline while the student's
+    worker is stopped: each worker in a cgroup frozen as a whole, they are frozen with it, and the
+    answer measures as the naive loader it is (about 1x: below the bar, as without them). With a
+    SIGSTOP to the pids listed in /proc (the old pause) they ran, and the same code measured 1.9-4.2x
+    here (tiny:grades_speed=1, 2 busy cores), passing 02's speedup bar of 3x in some runs."""
+    verdict = judge(tmp_path, tiny_data, NAIVE_ANSWER + CHEATS[cheat], profile="tiny:grades_speed=1")
+    speedup = verdict["checks"]["02-loader-speedup"]
+    assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
+    assert speedup["measured"] < 1.5, speedup
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _runs(p, str(tmp_path).encode())], \
+        "every process of the workers ended with the judge"
+
+
+def _runs(pid: str, what: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return what in f.read()
+    except OSError:
+        return False
+
+
+def test_without_a_group_to_freeze_a_side_in_the_judge_grades_no_speed_that_compares_two_sides(tmp_path, tiny_data,
+                                                                                                   reference_02):
+    """Workers under a sandbox prefix the grader gave no cgroup (as where none can be had: no root,
+    no cgroup v2): the judge cannot freeze one side while it times the other, so the reference's 02
+    speed checks fail "not measured", saying why, rather than being graded unprotected; at the
+    tiny profile, which grades no speed, they stay n/a."""
+    verdict = judge(tmp_path / "speed", tiny_data, reference_02, profile="tiny:grades_speed=1", prefix=["env"])
+    for check in ("02-loader-speedup", "02-data-wait-share"):
+        v = verdict["checks"][check]
+        assert v["status"] == "fail" and v["reason"] == "not measured" and "could not freeze" in v["note"], v
+        assert "no cgroup" in v["note"], v
+    assert any("speed not graded" in p for p in verdict["problems"]), verdict
+    verdict = judge(tmp_path / "tiny", tiny_data, reference_02, prefix=["env"])
+    assert statuses(verdict) == {"02-loader-speedup": "n/a", "02-data-wait-share": "n/a"}, verdict
 
 
 def test_a_loader_honest_for_one_epoch_then_repeating_a_batch_forever_fails(tmp_path, tiny_data, reference_02):
@@ -547,6 +664,55 @@ def test_the_wire_refuses_oversized_and_non_json_messages():
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_the_wire_fails_closed_on_a_deeply_nested_frame():
+    """A frame nested deeper than MAX_DEPTH is refused before json.loads sees it (64 KiB of "["
+    raised RecursionError there, which is not a WireError: the worker was not marked broken); a
+    protocol message nested as deep as the protocol's own passes."""
+    r, w = os.pipe()
+    try:
+        deep = b"[" * (wire.MESSAGE_BYTES - 8)
+        os.write(w, len(deep).to_bytes(4, "big") + deep)
+        with pytest.raises(wire.WireError, match=f"nested {len(deep)} deep .at most {wire.MAX_DEPTH}"):
+            wire.receive(r, timeout_s=5)
+        fine = json.dumps({"tensors": [{"shape": [[1]], "note": "[[[[" * 40}]}).encode()
+        os.write(w, len(fine).to_bytes(4, "big") + fine)
+        assert wire.receive(r, timeout_s=5)["tensors"][0]["shape"] == [[1]]
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+# Carried code whose loader, when asked for, writes a deeply nested frame into the worker's reply
+# pipe itself (the write end of a pipe among its open files), then answers as usual.
+NESTED_FRAME = """
+
+import fcntl as _fcntl
+import os as _os
+
+
+def make_fast_loader(lab, split="train", augment=True):
+    frame = b"[" * 60000
+    for fd in range(3, 64):
+        try:
+            if _os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:") and \\
+                    _fcntl.fcntl(fd, _fcntl.F_GETFL) & _os.O_ACCMODE == _os.O_WRONLY:
+                _os.write(fd, len(frame).to_bytes(4, "big") + frame)
+        except OSError:
+            pass
+    return _naive(lab.profile, split=split, augment=augment, seed=lab.seed)
+"""
+
+
+def test_a_worker_that_writes_a_nested_frame_is_broken_and_its_later_requests_end_saying_so(tmp_path, tiny_data):
+    """The nested frame is the reply the judge reads to the loader's request: the worker is marked
+    broken there, and every check fails saying so (on the old code each failed with a RecursionError
+    and the worker's next replies answered the wrong requests)."""
+    code = "import labsupport as ls\n_naive = ls.pipeline.naive_loader\n" + NESTED_FRAME
+    verdict = judge(tmp_path, tiny_data, code)
+    for c, v in verdict["checks"].items():
+        assert v["status"] == "fail" and "broke off" in v["note"] and f"at most {wire.MAX_DEPTH}" in v["note"], (c, v)
 
 
 # 06 --------------------------------------------------------------------------------------------
