@@ -176,11 +176,8 @@ def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str,
     spec = {"notebook": number, "inputs": str(inputs), "judged": str(dirs.judged), "out": str(out), "since": since,
             "sandbox": worker_box.command([], cwd=Path("/tmp")) if worker_box else [],
             "env": workers_env if worker_box else inner, **settings}
-    groups = _worker_groups(number, worker_box, problems)
-    if groups:  # each worker's own sandbox prefix joins its group, as root, before bwrap starts it
-        spec.update(groups={role: str(g.path) for role, g in groups.items()},
-                    sandboxes={role: replace(worker_box, group=g.path).command([], cwd=Path("/tmp"))
-                               for role, g in groups.items()})
+    groups, grouped = worker_groups(number, worker_box, problems)
+    spec.update(grouped)
     (inputs / "judge.json").write_text(json.dumps(spec, indent=1))
     argv = [sys.executable, "-P", "-m", "labsupport.grading.judging", str(inputs / "judge.json")]
     try:
@@ -203,16 +200,18 @@ def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str,
     return verdict
 
 
-def _worker_groups(number: str, worker_box: sandbox.Sandbox | None, problems: list[str]) -> dict:
+def worker_groups(number: str, worker_box: sandbox.Sandbox | None, problems: list[str]) -> tuple[dict, dict]:
     """The judge's two workers' cgroup v2 groups (``{"student": Group, "baseline": Group}``), made
-    here, as root, under this grader's (:func:`sandbox.group_path`), empty, for the sandboxed
-    workers to join before their first instruction; the judge freezes each as a whole while it
-    times the other. Empty where there is no sandbox (the judge then makes its own, where it can)
-    or none can be made (``problems`` says why, and the judge grades no speed comparing two sides)."""
+    here, as root, under this grader's (:func:`sandbox.group_path`), empty, and what the judge's
+    spec says of them: ``groups`` (their paths) and ``sandboxes`` (each worker's sandbox prefix,
+    which joins its group as root before bwrap starts the worker: its first instruction is in it).
+    The judge freezes each as a whole while it times the other; the caller removes them. None
+    where there is no sandbox (the judge then makes its own, where it can) or none can be made
+    (``problems`` says why, and the judge grades no speed comparing two sides)."""
     from labsupport.grading import cgroups
 
     if worker_box is None:
-        return {}
+        return {}, {}
     try:
         groups = {}
         for role in ("student", "baseline"):
@@ -222,8 +221,10 @@ def _worker_groups(number: str, worker_box: sandbox.Sandbox | None, problems: li
         for group in groups.values():
             group.remove()
         problems.append(f"the judge's workers get no cgroup ({err}): speed comparing two sides is not graded")
-        return {}
-    return groups
+        return {}, {}
+    return groups, {"groups": {role: str(g.path) for role, g in groups.items()},
+                    "sandboxes": {role: replace(worker_box, group=g.path).command([], cwd=Path("/tmp"))
+                                  for role, g in groups.items()}}
 
 
 # --- the grader's decision -----------------------------------------------------------------------

@@ -6,7 +6,9 @@ Each submission here is carried code as a careless or clever student writes it, 
 judge exactly as the grader hands it (``inputs/code/NN.py``, and for 06 the rungs and the
 report), at the tiny profile; where speed
 matters, at ``tiny:grades_speed=1``. The sandboxed cases need root and bubblewrap (``make test``
-installs it) and skip visibly without them.
+installs it) and skip visibly without them; those that grade speed need cgroup v2 groups (root),
+where the judge freezes one worker while it times the other, and skip visibly without them (a
+judge with none grades no speed comparing two sides: those checks are "not measured").
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from autograder import sandbox
-from labsupport.grading import cgroups, wire
+from autograder import deciding, sandbox
+from labsupport.grading import cgroups, judging, wire
 from labsupport.hardware import describe_machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,17 +81,23 @@ def judge(tmp_path, tiny_data, code: str | None, *, notebook: str = "02", earlie
         if path != Path("/"):
             path.chmod(path.stat().st_mode | 0o055)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    prefix = prefix or []
-    if boxed:
-        prefix = sandbox.Sandbox(writable=(), readable=(ROOT, Path(tiny_data), inputs)).command([], cwd=Path("/tmp"))
+    prefix, groups, grouped = prefix or [], {}, {}
+    if boxed:  # as the grader boxes a judge's workers: each in its sandbox, joining a cgroup of its own
+        box = sandbox.Sandbox(writable=(), readable=(ROOT, Path(tiny_data), inputs))
+        prefix = box.command([], cwd=Path("/tmp"))
+        groups, grouped = deciding.worker_groups(notebook, box, [])
     spec = {"notebook": notebook, "profile": profile,
             "thresholds": str(thresholds or ROOT / "labsupport" / "thresholds.toml"),
             "calibration": None, "data": str(tiny_data), "inputs": str(inputs), "judged": str(judged),
             "out": str(tmp_path / "verdict.json"), "sandbox": prefix, "env": env,
-            "reply_timeout_s": reply_timeout_s}
+            "reply_timeout_s": reply_timeout_s, **grouped}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    done = subprocess.run([sys.executable, "-P", "-m", "labsupport.grading.judging", str(tmp_path / "spec.json")],
-                          env={**env, "OMP_WAIT_POLICY": "PASSIVE"}, capture_output=True, text=True, timeout=600)
+    try:
+        done = subprocess.run([sys.executable, "-P", "-m", "labsupport.grading.judging", str(tmp_path / "spec.json")],
+                              env={**env, "OMP_WAIT_POLICY": "PASSIVE"}, capture_output=True, text=True, timeout=600)
+    finally:
+        for group in groups.values():
+            assert group.remove(), f"the judge's {group.path} could not be emptied and removed"
     if boxed:
         sandbox.kill_all()
     assert done.returncode == 0, done.stderr[-2000:]
@@ -170,6 +179,7 @@ def make_fast_loader(lab, split="train", augment=True):
 '''
 
 
+@needs_cgroups  # its plain half grades 02's speed, which a judge with no cgroup does not (it is "not measured")
 def test_code_that_bends_the_baseline_or_the_judge_when_loaded_earns_nothing(tmp_path, tiny_data):
     """The naive loader as the answer, with the baseline slowed and the judge replaced as it loads:
     caught replacing them, every check fails. Its loader alone, without the bending, is measured
@@ -260,19 +270,59 @@ def make_fast_loader(lab, split="train", augment=True):
 
 
 @needs_cgroups
-@pytest.mark.parametrize("cheat", sorted(CHEATS))
-def test_processes_that_run_on_while_their_worker_is_stopped_gain_nothing(tmp_path, tiny_data, cheat):
+@pytest.mark.parametrize("cheat,boxed", [(c, False) for c in sorted(CHEATS)] + [
+    pytest.param("pid hopper, setsid burners", True, marks=needs_sandbox, id="pid hopper, sandboxed")])
+def test_processes_that_run_on_while_their_worker_is_stopped_gain_nothing(tmp_path, tiny_data, cheat, boxed):
     """The naive loader as 02's answer, with processes that slow the baseline while the student's
     worker is stopped: each worker in a cgroup frozen as a whole, they are frozen with it, and the
-    answer measures as the naive loader it is (about 1x: below the bar, as without them). With a
-    SIGSTOP to the pids listed in /proc (the old pause) they ran, and the same code measured 1.9-4.2x
-    here (tiny:grades_speed=1, 2 busy cores), passing 02's speedup bar of 3x in some runs."""
-    verdict = judge(tmp_path, tiny_data, NAIVE_ANSWER + CHEATS[cheat], profile="tiny:grades_speed=1")
-    speedup = verdict["checks"]["02-loader-speedup"]
+    answer measures as the naive loader it is (about 1x: both checks below their bars, as without
+    them: 0.76x and 0.78x here, its wait 23.7 and 26.4 ms against the naive loader's 21.0 and
+    20.8). With a SIGSTOP to the pids listed in /proc (the old pause) they ran: the hopper measured
+    1.82x, and the early burners slowed the naive loader's wait to 30.5 ms against the answer's
+    11.6 ms, passing 02's data-wait check (tiny:grades_speed=1, 2 busy cores; at the real profile
+    issue 60 measured 29x, 5.81x and 3.21x)."""
+    verdict = judge(tmp_path, tiny_data, NAIVE_ANSWER + CHEATS[cheat], profile="tiny:grades_speed=1", boxed=boxed)
+    speedup, wait = verdict["checks"]["02-loader-speedup"], verdict["checks"]["02-data-wait-share"]
+    print(f"{cheat}: speedup {speedup['measured']}, {speedup['note'][:160]}; wait: {wait['note'][:200]}; "
+          f"frozen side's CPU per block: {verdict.get('frozen_cpu_usec')}; problems: {verdict['problems']}")
     assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
     assert speedup["measured"] < 1.5, speedup
+    assert wait["status"] == "fail" and wait["reason"] == "below bar", wait  # its wait fell against nothing
+    frozen = verdict.get("frozen_cpu_usec") or {}
+    assert frozen.get("blocks") and frozen["max"] <= judging.PAUSED_CPU_USEC, verdict  # every block verified
     assert not [p for p in os.listdir("/proc") if p.isdigit() and _runs(p, str(tmp_path).encode())], \
         "every process of the workers ended with the judge"
+
+
+@needs_cgroups
+def test_a_worker_frozen_as_a_group_uses_no_cpu_where_sigstop_by_pid_list_let_its_processes_run(tmp_path, tiny_data):
+    """The pid hopper's worker, paused as the judge paused it before issue 60 (SIGSTOP to the pids
+    listed in /proc: a Worker given no group) and as it does now (its group frozen): its group's CPU
+    time over each 0.2 s pause. Stopped by signal, its burners ran (38-95 ms of CPU per pause on 2
+    busy cores); frozen, nothing did (0 us in every pause)."""
+    inputs = tmp_path / "inputs"
+    (inputs / "code").mkdir(parents=True)
+    (inputs / "code" / "02.py").write_text(NAIVE_ANSWER + CHEATS["pid hopper, setsid burners"])
+    group = cgroups.Group.make(cgroups.mount() / f"lab-test-{os.getpid()}-{tmp_path.name[-12:]}")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    spec = {"notebook": "02", "profile": "tiny", "data": str(tiny_data), "inputs": str(inputs)}
+    used: dict[str, list[int]] = {"SIGSTOP": [], "freeze": []}
+    try:
+        with judging.Worker("student", spec, prefix=group.join_command(), env=env, buffer_bytes=2**20) as worker:
+            worker.request("load")
+            for way, pause in (("SIGSTOP", worker.pause), ("freeze", group.freeze)):
+                for _ in range(5):
+                    pause(True)
+                    before = group.cpu_usec()
+                    time.sleep(0.2)
+                    used[way].append(group.cpu_usec() - before)
+                    pause(False)
+                    time.sleep(0.05)
+    finally:
+        assert group.remove()
+    print(f"the paused worker's group used, per 0.2 s pause (us): {used}")
+    assert min(used["SIGSTOP"]) > 10_000, used  # its burners ran while it was "stopped"
+    assert max(used["freeze"]) <= judging.PAUSED_CPU_USEC, used
 
 
 def _runs(pid: str, what: bytes) -> bool:
@@ -448,6 +498,7 @@ def test_05_break_even_finds_no_checker_to_read_in_its_worker(tmp_path, tiny_dat
     code = COMPILE_05 + """
 
 import sys
+import time
 
 
 def break_even_steps(compile_s, eager_ms, compiled_ms):

@@ -79,9 +79,10 @@ SLOW_OPS = ("load", "cold", "rung_batch", "rung_step", "pipeline", "pruned", "qu
 QUIET_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
 CROSSINGS = 21  # times a batch's crossing is measured (:meth:`Sides.crossing_s`)
 # CPU time a frozen side may show over one timed block and still count as not having run. Measured
-# on 2 cores (Linux 6.18, cgroup v2 on a hybrid hierarchy): an idle worker's group, frozen, read
-# 0 us over every one of 200 blocks of 20-500 ms; a pid hopper's, frozen, 0 us. What is allowed is
-# the accounting of a process caught between the freeze's request and its `frozen 1`, not work.
+# on 2 busy cores (Linux 6.18, cgroup v2 on a hybrid hierarchy): a group of a busy and a sleeping
+# process, frozen, read at most 12 us over 200 blocks of 20-100 ms (0 in 192 of them: accounting
+# settling after `frozen 1`); the pid hopper's worker, frozen, 0 us per 0.2 s; SIGSTOPped by its
+# pid list, 38-95 ms. So a millisecond is far above what a frozen side shows, and far below work.
 PAUSED_CPU_USEC = 1000
 
 
@@ -775,6 +776,8 @@ def _judge(number, spec, lab, code, out, kw, groups, prefixes, ungrouped, worker
             if baseline and ungrouped and lab.profile.grades_speed:
                 out["problems"].append(unprotected(number, found, ungrouped))
             _decide(number, found, out)
+            # What the frozen side used over the blocks verified so far (issue 60's figures).
+            out["frozen_cpu_usec"] = {"blocks": len(sides.paused_usec), "max": max(sides.paused_usec, default=None)}
             if namespace and not tampered:
                 try:
                     sides.focus("candidate")
