@@ -57,7 +57,8 @@ def _usable(row: dict) -> bool:
     """A reference measurement (a verdict file's row) counts when its correctness partner passed.
     In calibration 06's end-to-end check has no ladder of 01-05 to check against (nothing ran
     them here), so that partner alone is excused (``ladder_only``): the measurement itself is the
-    same paired comparison."""
+    same paired comparison. A speed the judge could not protect (no cgroup to freeze a side in:
+    "not measured", its figure kept) counts too: the reference's code starts nothing beside itself."""
     if row.get("measured") is None:
         return False
     return row.get("reason") != "incorrect" or bool(row.get("ladder_only"))

@@ -233,13 +233,15 @@ def worker_groups(number: str, worker_box: sandbox.Sandbox | None, problems: lis
 # not passed: it waits for a person, with its figures (an honest solution does not beat the
 # course's own by that much on the same machine; every one seen so far was a cheat).
 OUTLIER = 3.0
-# A pass whose baseline's own figure (its step time, 02's naive data wait, a batch's crossing) lies
-# more than this factor from the median calibrate measured for it on this machine, either way, is
-# held for review: the baseline runs the course's own code, so a figure that far off says the
-# measurement was disturbed (the judge's freeze failed, or the machine was busy), not that the
-# student was fast. Undisturbed, the reference's baseline stays well inside it: 02's naive wait
-# read 25-28 ms in calibration on cpu-bf16, and 127-1,090 ms with burners slowing it (issue 60).
-BASELINE_OFF = 1.5
+# A pass whose baseline's own figure lies more than this factor from the median calibrate measured
+# for it on this machine, either way, is held for review: the baseline runs the course's own code,
+# so a figure that far off says the measurement was disturbed (the judge's freeze failed, or the
+# machine was busy), not that the student was fast. Its step and 02's naive data wait: 1.5x (issue
+# 60: the naive wait read 25-28 ms undisturbed on cpu-bf16, 127-1,090 ms with burners slowing it;
+# at the tiny profile 18.1-21.0 ms over 4 judged runs here, 30.5 ms with burners). A batch's
+# crossing is a fraction of a millisecond that honestly spreads 0.2-0.6 ms (g02's comment): 3x
+# (with burners it read 1.5 ms against 0.2-0.3).
+BASELINE_OFF = {"baseline_step_ms": 1.5, "baseline_wait_ms": 1.5, "crossing_ms": 3.0}
 NOTE_CHARS = 500  # of the verdict process's note kept per check
 # Checks the verdict process may call n/a where this machine has a bar: only where torch.compile
 # cannot run here (an older GPU: nothing to compile with).
@@ -319,7 +321,8 @@ def decide(verdict: dict, check_ids, machine) -> dict[str, Decision]:
         else:
             calibrated = grading.reference_baseline(check, facts, profile.name)
             if entry.get("baseline") and not calibrated:
-                note = (f"{note}; " if note else "") + "the baseline's own figures were not checked: nothing calibrated here"
+                note = ((f"{note}; " if note else "")
+                        + "the baseline's own figures were not checked: nothing calibrated here")
             out[check] = (_baseline_off(check, measured, shown, entry.get("baseline"), calibrated, note)
                           or _outlier(check, measured, shown, better, note,
                                       grading.reference_runs(check, facts, profile.name)))
@@ -329,7 +332,7 @@ def decide(verdict: dict, check_ids, machine) -> dict[str, Decision]:
 def _baseline_off(check: str, measured: float, shown: str, said, calibrated: dict[str, list[float]],
                   note: str) -> Decision | None:
     """A pass held for review where the baseline's own figures in the verdict (``said``) stray more
-    than :data:`BASELINE_OFF` from calibrate's (``calibrated``: none where nothing was calibrated, or
+    than their :data:`BASELINE_OFF` from calibrate's (``calibrated``: none where nothing was calibrated, or
     the check has no baseline; then nothing to hold); None where they do not."""
     said = said if isinstance(said, dict) else {}
     off = []
@@ -337,14 +340,15 @@ def _baseline_off(check: str, measured: float, shown: str, said, calibrated: dic
         expected, got = statistics.median(values), finite(said.get(figure))
         if got is None or expected <= 0:
             off.append(f"its {figure} was not reported" if got is None else "")
-        elif not 1 / BASELINE_OFF <= got / expected <= BASELINE_OFF:
-            off.append(f"its {figure} read {got:.3g}, against {expected:.3g} when this machine was calibrated")
+        elif not 1 / BASELINE_OFF[figure] <= got / expected <= BASELINE_OFF[figure]:
+            off.append(f"its {figure} read {got:.3g}, against {expected:.3g} when this machine was calibrated "
+                       f"(more than {BASELINE_OFF[figure]:g}x off)")
     off = [o for o in off if o]
     if not off:
         return None
     return Decision(check, measured, shown, "review", "baseline off its calibration",
                     f"measured {measured:.3g}, but the baseline it was compared with was not itself: "
-                    f"{'; '.join(off)} (more than {BASELINE_OFF:g}x off): no points until a person looks. "
+                    f"{'; '.join(off)}: no points until a person looks. "
                     f"{note}".strip())
 
 

@@ -312,7 +312,8 @@ def test_a_pass_whose_baseline_strays_from_its_calibration_waits_for_a_person(ju
 
     def decided(baseline):
         row = {**said, "measured": 5.0, **({"baseline": baseline} if baseline is not None else {})}
-        return deciding.decide(_verdict(**{"02_loader_speedup": row}), ["02-loader-speedup"], judged)["02-loader-speedup"]
+        found = deciding.decide(_verdict(**{"02_loader_speedup": row}), ["02-loader-speedup"], judged)
+        return found["02-loader-speedup"]
 
     uncalibrated = decided({"baseline_step_ms": 400.0})
     assert uncalibrated.result == "pass" and "not checked: nothing calibrated" in uncalibrated.note, uncalibrated
