@@ -90,6 +90,11 @@ def grade(where: Course | Path = course.COURSE_ROOT, students: list[str] | None 
     if batch.box is None:
         print(f"memory: {sandbox.memory_bytes() / 2**30:.1f} GiB per sandbox" if batch.memory is None else
               f"note: NO memory limit per sandbox ({batch.memory}); only the address-space limit applies")
+    from labsupport.grading import cgroups
+
+    if cgroups.problem():  # the judge freezes one worker's cgroup while it times the other: none, no speed
+        print(f"note: NO speed comparing a student's code with the baseline is graded ({cgroups.problem()}): "
+              "the judge cannot freeze one side while it times the other, so those checks fail \"not measured\"")
     grades = []
     bar = tqdm(students, desc="grading", unit="student", disable=not progress)
     try:
