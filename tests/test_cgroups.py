@@ -44,16 +44,18 @@ def test_a_frozen_group_uses_no_cpu_even_while_its_processes_change_pid():
         time.sleep(0.5)
         assert group.pids(), "the hopper is running in its group"
         ran = group.cpu_usec()
-        time.sleep(0.2)
-        assert group.cpu_usec() - ran > 50_000, "running, the hopper uses CPU"
+        time.sleep(0.5)
+        # Running, it uses CPU: at least 10 ms in 0.5 s even on two cores busy with the rest of the suite
+        # (it got 37 ms in 0.2 s beside a real-profile judge).
+        assert group.cpu_usec() - ran > 10_000, "running, the hopper uses CPU"
         group.freeze()
         still, pids = group.cpu_usec(), set(group.pids())
         time.sleep(0.5)
         assert group.cpu_usec() - still < 1_000, "frozen, no process of the group ran"
         assert set(group.pids()) == pids, "frozen, it forked nothing"
         group.freeze(False)
-        time.sleep(0.2)
-        assert group.cpu_usec() - still > 50_000, "thawed, it runs again"
+        time.sleep(0.5)
+        assert group.cpu_usec() - still > 10_000, "thawed, it runs again"
         assert group.kill(), "killed, the group is empty"
     finally:
         assert group.remove()
