@@ -209,7 +209,7 @@ def summary(grades: list[NotebookGrade]) -> pd.DataFrame:
     rows = []
     for student, group in frame.groupby("student", sort=True):
         def named(status):
-            return ", ".join(group.loc[group.status == status, "notebook"]) or ""
+            return ", ".join(n or "(every notebook)" for n in group.loc[group.status == status, "notebook"])
         rows.append({"student": student, "score": group.score.sum(), "max": group.max_score.sum(),
                      # what the grader decides; the rest (06's written analysis) is a person's to give
                      "automatic max": group.auto_max_score.sum(),

@@ -55,8 +55,18 @@ def two_submissions(tmp_path, tiny_data):
 
 
 def _grade(root: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "autograder", "--course", str(root), "grade"], env=env,
-                            cwd=CHECKOUT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """``grade`` of the course, its output into a file (a process it left behind holding a pipe
+    would keep the test waiting for its end)."""
+    log = open(root.parent / "grade.log", "w")
+    grader = subprocess.Popen([sys.executable, "-m", "autograder", "--course", str(root), "grade"], env=env,
+                              cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    return grader
+
+
+def _ended(grader: subprocess.Popen, root: Path, timeout_s: float) -> str:
+    grader.wait(timeout=timeout_s)
+    return (root.parent / "grade.log").read_text(errors="replace")
 
 
 def _below(grader: psutil.Process, wanted) -> psutil.Process | None:
@@ -73,18 +83,17 @@ def _cmdline(p: psutil.Process) -> str:
         return ""
 
 
-def _stop_when(grader: subprocess.Popen, wanted, signum: int) -> str:
+def _stop_when(grader: subprocess.Popen, root: Path, wanted, signum: int) -> str:
     """Send ``signum`` to ``grader`` once a process ``wanted`` runs below it; its output once it ended."""
     me = psutil.Process(grader.pid)
     deadline = time.monotonic() + SEEN_WITHIN_S
     while _below(me, wanted) is None:
-        assert grader.poll() is None, f"grade ended before it was stopped:\n{grader.stdout.read()[-3000:]}"
+        assert grader.poll() is None, "grade ended before it was stopped"
         assert time.monotonic() < deadline, "the process to stop grade at never started"
         time.sleep(0.2)
     time.sleep(0.5)  # inside it
     grader.send_signal(signum)
-    out, _ = grader.communicate(timeout=180)
-    return out
+    return _ended(grader, root, 180)
 
 
 def _left_behind(root: Path) -> list[str]:
@@ -119,7 +128,7 @@ def test_a_stopped_grade_ends_everything_and_records_only_what_the_judge_decided
     root, env = two_submissions
     # 1. Ctrl-C while blank's 01 is judged: its kernel has run (and said n/a to every check).
     grader = _grade(root, env)
-    out = _stop_when(grader, lambda p: "labsupport.grading.judging" in _cmdline(p), signal.SIGINT)
+    out = _stop_when(grader, root, lambda p: "labsupport.grading.judging" in _cmdline(p), signal.SIGINT)
     time.sleep(SETTLE_S)
     assert _left_behind(root) == [], out[-3000:]
     assert grader.returncode != 0, out[-3000:]
@@ -133,7 +142,7 @@ def test_a_stopped_grade_ends_everything_and_records_only_what_the_judge_decided
 
     # 2. SIGTERM (Slurm's, timeout's) while a kernel runs: once, grade died there and left it.
     grader = _grade(root, env)
-    out = _stop_when(grader, lambda p: "ipykernel_launcher" in _cmdline(p), signal.SIGTERM)
+    out = _stop_when(grader, root, lambda p: "ipykernel_launcher" in _cmdline(p), signal.SIGTERM)
     time.sleep(SETTLE_S)
     assert _left_behind(root) == [], out[-3000:]
     assert grader.returncode == 128 + signal.SIGTERM, out[-3000:]
@@ -143,7 +152,7 @@ def test_a_stopped_grade_ends_everything_and_records_only_what_the_judge_decided
 
     # 3. Run again: it finishes the batch, and every CSV says the same.
     grader = _grade(root, env)
-    out, _ = grader.communicate(timeout=1800)
+    out = _ended(grader, root, 1800)
     assert grader.returncode == 0, out[-3000:]
     assert _left_behind(root) == []
     assert _scores(root) == {"blank": 0.0, "reference": FULL}, out[-3000:]
@@ -159,3 +168,39 @@ def test_a_stopped_grade_ends_everything_and_records_only_what_the_judge_decided
     assert set(by_check.loc[by_check.student == "reference", "result"]) <= {"pass", "n/a"}, by_check
     assert set(by_check.loc[by_check.student == "blank", "result"]) == {"fail"}, by_check
     assert by_check.groupby("student").score.sum().to_dict() == {"blank": 0.0, "reference": FULL}
+
+
+def test_a_sandbox_ended_leaves_no_zombie_with_the_grader():
+    """A sandbox's outer bwrap that ends before its init (pid 1 of its namespace) leaves that init
+    to the grader, the subreaper: once, a ``[bwrap] <defunct>`` stayed with the grader for each
+    (3-4 per notebook) until it exited. Now kill_all reaps them."""
+    from labsupport.grading import cgroups
+
+    if cgroups.problem():
+        pytest.skip(cgroups.problem())
+    group = cgroups.Group.make(sandbox.group_path("zombie-test"))
+    box = sandbox.Sandbox(writable=(), readable=(), budget_s=120, group=group.path)
+    proc = subprocess.Popen(box.command([sys.executable, "-c", "import subprocess, time; "
+                                         "subprocess.Popen(['sleep', '100']); time.sleep(100)"]))
+    try:
+        deadline = time.monotonic() + 60
+        while not any(_real_uid(p) == sandbox.user() for p in psutil.Process().children(recursive=True)):
+            assert time.monotonic() < deadline, "the sandboxed process never started"
+            time.sleep(0.1)
+        assert group.kill()  # the whole sandbox, at once: as a stopped grade ends a submission
+        proc.wait(timeout=30)
+        sandbox.kill_all()
+        zombies = [f"{p.pid} {p.name()}" for p in psutil.Process().children(recursive=True)
+                   if p.status() == psutil.STATUS_ZOMBIE]
+        assert zombies == [], zombies
+    finally:
+        proc.kill()
+        proc.wait()
+        group.remove()
+
+
+def _real_uid(p: psutil.Process) -> int | None:
+    try:
+        return p.uids().real
+    except psutil.Error:
+        return None
