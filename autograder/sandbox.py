@@ -349,6 +349,9 @@ def kill_all(wait_s: float = 10.0) -> None:
     sandbox's PID namespace, and where a sandbox's own first process is killed first, its orphans
     come to this process (:func:`user` makes it their reaper), not to the machine's init.
     Repeated while it finds any, since a fork storm adds processes while they are killed.
+    First, each group :func:`track` names (a submission's) is killed as a whole (``cgroup.kill``:
+    its forks cannot escape it as they can a pid walk); last, the sandboxes' zombies are reaped
+    (:func:`reap`).
     """
     uid, me = user(), os.getpid()
     deadline = time.monotonic() + wait_s
