@@ -22,6 +22,7 @@ read-only (submission.py), so nothing the sandbox could have replaced is ever wr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -270,6 +271,11 @@ def run(argv: list[str], *, env: dict[str, str], timeout_s: float, cap: int = OU
         proc.wait()
         if on_timeout:
             on_timeout()
+    except BaseException:  # the grader was stopped (autograder/stopping.py): what it started ends with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     reader.join(timeout=5)  # a grandchild still holding the pipe cannot hold the grader
     proc.stdout.close()
     text = bytes(head).decode(errors="replace")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .course import COURSE_ROOT, REPO_ROOT, CourseError, shown
+from .stopping import Stopped, on_signals
 
 
 def cmd_release(args) -> int:
@@ -96,8 +97,13 @@ def cmd_grade(args) -> int:
         again = f"python -m autograder grade --jobs {args.jobs} " + " ".join([*outcome["failed"], *outcome["missing"]])
         tasks.print_merge(outcome, args.course, parallel.job_dir(args.course), again=again)
         return 0
-    grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout,
-                         sandboxed=not args.no_sandbox)
+    try:
+        grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout,
+                             sandboxed=not args.no_sandbox)
+    except Stopped as stop:  # the CSVs are written, marked interrupted: show what was decided
+        if stop.grades:
+            grade.print_summary(stop.grades, args.course)
+        raise
     grade.print_summary(grades, args.course)
     return 0
 
@@ -368,10 +374,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one instructor command; a CourseError prints its message and exits with 1."""
+    """Run one instructor command; a CourseError prints its message and exits with 1. SIGINT and
+    SIGTERM stop it cleanly (:mod:`.stopping`: what it started is ended) with 128 + the signal."""
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        with on_signals():
+            return args.func(args)
     except CourseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Stopped as stop:
+        print(f"stopped by {stop}: everything this command started has ended", file=sys.stderr)
+        return stop.exit_code
