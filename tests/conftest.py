@@ -133,7 +133,7 @@ def pytest_sessionfinish(session):
     if left:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        reporter.write_sep("=", f"{len(left)} processes the tests started were still running", red=True)
+        reporter.write_sep("=", f"processes the tests started, still running at their end: {len(left)}", red=True)
         for line in left:
             reporter.write_line(line)
 

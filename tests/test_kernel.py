@@ -64,17 +64,11 @@ def _recorded(*files: Path) -> list[psutil.Process]:
 
 
 @pytest.fixture
-def left_alive():
-    """``left_alive(*pid files)``: the recorded processes still alive, described; all killed at
-    the test's end, so that a failing test leaves none either."""
-    files = []
-
-    def check(*paths):
-        files.extend(paths)
-        return [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in _recorded(*paths)]
-
-    yield check
-    for process in _recorded(*[f for f in files if f.exists()]):
+def left_alive(tmp_path):
+    """``left_alive(*pid files)``: the processes they recorded still alive, described. Those of
+    every pid file in ``tmp_path`` are killed at the test's end, so that a failing test leaves none."""
+    yield lambda *files: [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in _recorded(*files)]
+    for process in _recorded(*tmp_path.glob("*.json")):
         process.kill()
 
 
@@ -92,7 +86,7 @@ def test_run_ends_each_kernel_and_its_processes_and_prints_their_peak_memory(tmp
 
 def test_a_cell_past_its_timeout_ends_the_kernel_and_its_processes(tmp_path, left_alive):
     pids = tmp_path / "01.json"
-    root = _course(tmp_path / "course", {"01_slow.ipynb": [_record(pids), "import time\ntime.sleep(600)"]})
+    root = _course(tmp_path / "course", {"01_slow.ipynb": [_record(pids), "import time\ntime.sleep(60)"]})
     with pytest.raises(Exception, match="timed out"):
         run_reference(root, tmp_path / "build", timeout_s=10)
     assert left_alive(pids) == []
