@@ -31,8 +31,10 @@ class TreePeak:
     together, sampled from outside every ``every_s`` seconds in a thread while a ``with`` block
     runs (the descendants listed every LIST_EVERY_S: a process that lives less may go uncounted).
 
-    The sum of the processes' RSS counts a page shared by a forked DataLoader worker and its kernel
-    twice: an upper bound of what the tree held, as ``ps`` and ``top`` show it."""
+    The sum of the processes' RSS counts a page a forked DataLoader worker shares with its kernel
+    twice: an upper bound of what the tree held, as ``ps`` and ``top`` show it (a process holding
+    200 MB of tensors and 2 workers: 1.87 GiB of RSS, 0.53 GiB of PSS). PSS, read from
+    ``smaps_rollup``, cost 100 ms of CPU a sample of 3 processes here, against 0.04 ms for RSS."""
 
     def __init__(self, pid: int, every_s: float = SAMPLE_EVERY_S):
         self.pid, self.every_s, self.peak_bytes = pid, every_s, 0
