@@ -13,7 +13,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import course, kernel
+from . import course, headless, stopping
 from .course import CourseError, declared_checks, environment, graded_test_cells, shown
 
 
@@ -80,7 +80,7 @@ def run_reference(where: course.Course | Path, build: Path, *, timeout_s: int = 
     failures, misses, ran = [], [], {}
     # One kernel at a time: each ends (with its workers) before the next starts, and on Ctrl-C or
     # SIGTERM before run exits. The run's peak: this process and its kernel together.
-    with environment(env), kernel.sigterm_raises(), kernel.TreePeak(os.getpid()) as whole:
+    with environment(env), stopping.on_signals(), headless.TreePeak(os.getpid()) as whole:
         for master in tqdm(course.masters(course.of(where).root), desc="reference notebooks", unit="notebook"):
             nb = nbformat.read(master, as_version=4)
             nbformat.write(nb, run_dir / master.name)  # beside the kernel, as a student's is (06 reads its analysis)
@@ -89,7 +89,7 @@ def run_reference(where: course.Course | Path, build: Path, *, timeout_s: int = 
             # failed" on a machine without a GPU) goes to a log file beside the executed notebook,
             # not to the terminal, where a newcomer would read it as a fault.
             with open(run_dir / f"{master.stem}.kernel.log", "w") as log:
-                peak_bytes = kernel.execute(nb, run_dir, timeout_s=timeout_s, allow_errors=True, log=log)
+                peak_bytes = headless.execute(nb, run_dir, timeout_s=timeout_s, allow_errors=True, log=log)
             ran[master.name] = (time.perf_counter() - started, peak_bytes)
             nbformat.write(nb, run_dir / master.name)
             missed, failed = outcomes(nb, master.stem, _kept_reasons(run_dir / "results", master.stem[:2]))

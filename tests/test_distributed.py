@@ -10,7 +10,7 @@ import nbformat
 import pytest
 import torch
 
-from autograder import course, kernel, reference
+from autograder import course, headless, reference
 from labsupport import carry, distributed
 
 MASTER = course.masters_dir() / "08_distributed.ipynb"
@@ -23,7 +23,7 @@ def test_the_distributed_notebook_runs_in_two_processes(tmp_path, tiny_data):
     carry.keep("04", reference.namespace("04"), tmp_path / "results" / "code")
     env = {"LAB_RESULTS": str(tmp_path / "results"), "LAB_DATA": str(tiny_data), "LAB_PROFILE": "tiny"}
     with course.environment(env), course.venv_on_path():
-        kernel.execute(nb, tmp_path, timeout_s=300)
+        headless.execute(nb, tmp_path, timeout_s=300)
     printed = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
     assert "2 processes, gradients: the gradients of 1 process on the whole batch" in printed
     assert "2 processes, gradients, 2 micro-batches, no_sync: the gradients of 1 process" in printed

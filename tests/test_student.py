@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import course, kernel, release, student
+from autograder import course, headless, release, student
 from labsupport.hardware import describe_machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -369,7 +369,7 @@ def test_colab_stand_in_installs_from_the_student_zip_and_runs_the_lab(tmp_path,
         cwd = tmp_path / "runtime" / key  # a new runtime's own folder, as Colab's /content
         cwd.mkdir(parents=True)
         t0 = time.perf_counter()
-        kernel.execute(nb, cwd, timeout_s=600, kernel_name="colab-stand-in", allow_errors=True)
+        headless.execute(nb, cwd, timeout_s=600, kernel_name="colab-stand-in", allow_errors=True)
         times[key] = time.perf_counter() - t0
         executed[key] = nb
         nbformat.write(nb, tmp_path / "runtime" / masters[key].name)

@@ -4,16 +4,16 @@
 shuts down only a kernel it started itself; handed a kernel manager of ours (for the ipc transport)
 it shut down none, and ``make run`` kept every notebook's kernel alive, 16.4 GB at the end on class
 cpu-bf16 (issue 62). :func:`execute` ends the kernel and every process below it (DataLoader and
-compile workers) before it returns or raises: done, an error, a cell's timeout, Ctrl-C, or SIGTERM
-under :func:`sigterm_raises`. :class:`TreePeak` samples a process tree's memory from outside, so
-that any command can print a kernel's peak (``grade``'s kernels are process trees too).
+compile workers) before it returns or raises: done, an error, a cell's timeout, or SIGINT and
+SIGTERM under :func:`.stopping.on_signals` (the command line's). :class:`TreePeak` samples a
+process tree's memory from outside, so that any command can print a kernel's peak (``grade``'s
+kernels are process trees too).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import tempfile
 import threading
 import time
@@ -73,25 +73,6 @@ class TreePeak:
                 now += process.memory_info().rss
         self.peak_bytes = max(self.peak_bytes, now)
         return now
-
-
-class Terminated(SystemExit):
-    """SIGTERM (Slurm, ``timeout``, ``kill``) raised as an exception, so that every ``finally``
-    ends what it started; uncaught, the command exits with 143 (128 + SIGTERM), as a shell reports it."""
-
-
-@contextlib.contextmanager
-def sigterm_raises():
-    """SIGTERM raises :class:`Terminated` in the main thread during a ``with`` block (by default
-    it ends the process at once, and a kernel, in a session of its own, lives on)."""
-    def stop(signum, frame):
-        raise Terminated(128 + signum)
-
-    old = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 class _CallersSignals(asyncio.SelectorEventLoop):
