@@ -115,12 +115,14 @@ def grading_time(notebooks: tuple[str, ...] | None = None, where: course.Course 
                  f" (+{g.max_score - g.auto_max_score:g} by a person)" if g.max_score > g.auto_max_score else ""),
              "points": g.score, "automatic": g.auto_max_score, "kernel s": g.seconds,
              "verdict s": g.verdict_s, "other s": g.wall_s - g.seconds - g.verdict_s, "total s": g.wall_s,
+             # the submission's sandboxes' peak while the notebook ran and was judged (memory cgroup)
+             "peak memory GiB": None if g.peak_bytes is None else g.peak_bytes / 2**30,
              "longest cell s": longest.get(g.notebook, (None, ""))[0],
              "longest cell": longest.get(g.notebook, (None, ""))[1]}
             for g in grades if g.status != "missing"]
     inside = sum(r["total s"] for r in rows)
     rows.append({"notebook": "after the notebooks", "score": "", "points": None, "automatic": None, "kernel s": 0.0, "verdict s": 0.0,
-                 "other s": total - inside, "total s": total - inside, "longest cell s": None, "longest cell": ""})
+                 "other s": total - inside, "total s": total - inside, "peak memory GiB": None, "longest cell s": None, "longest cell": ""})
     frame = pd.DataFrame(rows).set_index("notebook")
     out = Path(out) if out else REPO_ROOT / "build" / f"grading-time-{machine.device_class}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,9 @@ module:
   owns, links and special files skipped with a note;
 - :func:`run`: a sandboxed command whose stdout and stderr come back over a pipe the grader
   owns, kept up to a cap (the rest is read and dropped, so the process never blocks on it), and
-  whose wall clock is bounded.
+  whose wall clock is bounded;
+- :func:`socket_of`: a Unix socket a sandboxed process bound (a kernel's channel), held by a
+  descriptor that root then connects through (:mod:`.kernel`), never by its path.
 
 Inputs go the other way: root writes them into a fresh folder it owns, which the sandbox sees
 read-only (submission.py), so nothing the sandbox could have replaced is ever written through.
@@ -20,6 +22,7 @@ read-only (submission.py), so nothing the sandbox could have replaced is ever wr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -141,6 +144,29 @@ def give(folder: Path, name: str, data: bytes, owner: int | None = None) -> None
         os.close(fd)
 
 
+def socket_of(folder: Path, name: str, uid: int) -> int:
+    """An ``O_PATH`` descriptor of the Unix socket ``folder/name``, checked to be a socket that
+    user ``uid`` bound, nothing followed and nothing opened for I/O: a connection through it
+    (``/proc/<pid>/fd/<fd>``, :mod:`.kernel`) reaches that very socket, whatever is put at
+    ``name`` afterwards. FileNotFoundError where there is none yet; :class:`Refused` for anything
+    else at ``name`` (a link, a file, another user's socket). ``folder`` must be root's path, as
+    for :func:`read`; ``name`` one component."""
+    if Path(name).name != name or name in ("", ".", ".."):
+        raise Refused(f"{name!r} is not a plain file name")
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        # O_PATH with O_NOFOLLOW opens a link itself (it does not fail): fstat below refuses it.
+        leaf = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+    info = os.fstat(leaf)
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != uid:
+        os.close(leaf)
+        kind = "a link" if stat.S_ISLNK(info.st_mode) else stat.filemode(info.st_mode)
+        raise Refused(f"{name} is not a socket the sandbox bound ({kind}, owner {info.st_uid})")
+    return leaf
+
+
 def copy_file(folder: Path, name: str, dest: Path, cap: int = FILE_BYTES) -> None:
     """:func:`read` ``folder/name`` and :func:`write` it to ``dest``, keeping its modification time
     (06's report check asks whether the kernel wrote it)."""
@@ -245,6 +271,11 @@ def run(argv: list[str], *, env: dict[str, str], timeout_s: float, cap: int = OU
         proc.wait()
         if on_timeout:
             on_timeout()
+    except BaseException:  # the grader was stopped (autograder/stopping.py): what it started ends with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     reader.join(timeout=5)  # a grandchild still holding the pipe cannot hold the grader
     proc.stdout.close()
     text = bytes(head).decode(errors="replace")

@@ -20,7 +20,10 @@ margin, and never raised: the class defaults are the course's bar. A check that 
 machine's class is not measured (it stays n/a). Correctness checks, the memory budget and counts
 are not calibrated. The result goes to ``calibration.toml`` (or ``LAB_CALIBRATION``), which
 grading uses on this machine (same device class and device name) at the same profile, and nowhere
-else; the table printed compares class defaults with calibrated thresholds.
+else; the table printed compares class defaults with calibrated thresholds. Beside them it records
+the baseline's own figures in every usable run (its step time per check, 02's naive loader's data
+wait and a batch's crossing: ``[baseline]``), which grading compares a verdict's with
+(:data:`autograder.deciding.BASELINE_OFF`): a disturbed baseline holds a pass for review.
 """
 
 from __future__ import annotations
@@ -54,15 +57,18 @@ def _usable(row: dict) -> bool:
     """A reference measurement (a verdict file's row) counts when its correctness partner passed.
     In calibration 06's end-to-end check has no ladder of 01-05 to check against (nothing ran
     them here), so that partner alone is excused (``ladder_only``): the measurement itself is the
-    same paired comparison."""
+    same paired comparison. A speed the judge could not protect (no cgroup to freeze a side in:
+    "not measured", its figure kept) counts too: the reference's code starts nothing beside itself."""
     if row.get("measured") is None:
         return False
     return row.get("reason") != "incorrect" or bool(row.get("ladder_only"))
 
 
 def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only: tuple[str, ...] | None = None,
-            progress: bool = True) -> tuple[dict[str, list[float]], list[str]]:
-    """Run the reference's calibrated checks ``runs`` times: ``({check: [values]}, problems)``."""
+            progress: bool = True, baselines: dict | None = None) -> tuple[dict[str, list[float]], list[str]]:
+    """Run the reference's calibrated checks ``runs`` times: ``({check: [values]}, problems)``.
+    ``baselines``, if given, receives the baseline's own figures in each usable run
+    (``{check: {figure: [values]}}``, :data:`labsupport.grading.BASELINE_FIGURES`)."""
     from tqdm.auto import tqdm
 
     from labsupport import grading
@@ -101,6 +107,9 @@ def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only
                     row = (verdict.get("checks") or {}).get(check)
                     if row is not None and _usable(row):
                         values[check].append(float(row["measured"]))
+                        for figure, value in (row.get("baseline") or {}).items():
+                            if baselines is not None:
+                                baselines.setdefault(check, {}).setdefault(figure, []).append(float(value))
                     else:
                         problems.append(f"run {run + 1}, {check}: the reference did not produce a usable "
                                         f"measurement ({row['note'] if row else verdict.get('error', 'not run')})")
@@ -131,6 +140,11 @@ def derive(check: str, spec, device_class: str, values: list[float]) -> tuple[ob
             f"eased to the reference's worst run / 0.85 ({worst:.3g} / 0.85)")
 
 
+def _array(values: list[float]) -> str:
+    """``values`` as a TOML array, 4 significant digits each."""
+    return "[" + ", ".join(f"{v:.4g}" for v in values) + "]"
+
+
 def calibrate(runs: int = 3, where: course.Course | Path = course.COURSE_ROOT, path: Path | None = None, *,
               only: tuple[str, ...] | None = None, progress: bool = True) -> tuple[Path, pd.DataFrame]:
     """Measure the reference ``runs`` times, derive the thresholds, write the calibration file.
@@ -152,7 +166,8 @@ def calibrate(runs: int = 3, where: course.Course | Path = course.COURSE_ROOT, p
     old = os.environ.get("LAB_CALIBRATION")
     os.environ["LAB_CALIBRATION"] = str(path.with_suffix(".ignored-during-calibration"))
     try:
-        values, problems = measure(runs, the, only=measured, progress=progress)
+        baselines: dict[str, dict[str, list[float]]] = {}
+        values, problems = measure(runs, the, only=measured, progress=progress, baselines=baselines)
     finally:
         if old is None:
             os.environ.pop("LAB_CALIBRATION", None)
@@ -182,7 +197,11 @@ def calibrate(runs: int = 3, where: course.Course | Path = course.COURSE_ROOT, p
     lines += [f"{json.dumps(c)} = {json.dumps(v)}" for c, v in thresholds.items()]
     lines += ["", "[na]"] + [f"{json.dumps(c)} = {json.dumps(r)}" for c, r in reasons.items()]
     lines += ["", "[measured]  # every usable run of the reference (none where the class's bar is n/a)"]
-    lines += [f"{json.dumps(c)} = [{', '.join(f'{v:.4g}' for v in vals)}]" for c, vals in values.items()]
+    lines += [f"{json.dumps(c)} = {_array(vals)}" for c, vals in values.items()]
+    lines += ["", "[baseline]  # the baseline's own figures in those runs (ms): grading holds a pass whose "
+              "baseline strays from them (autograder/deciding.py, BASELINE_OFF)"]
+    lines += [f"{json.dumps(c)} = {{{', '.join(f'{k} = {_array(vals)}' for k, vals in figs.items())}}}"
+              for c, figs in baselines.items()]
     if problems:
         lines += ["", "# problems:"] + [f"#   {p}" for p in problems]
     path.parent.mkdir(parents=True, exist_ok=True)

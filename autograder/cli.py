@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .course import COURSE_ROOT, REPO_ROOT, CourseError, shown
+from .stopping import Stopped, on_signals
 
 
 def cmd_release(args) -> int:
@@ -44,11 +45,16 @@ def cmd_run(args) -> int:
             print(details[["builds on", "samples/s IQR", "step ms (median)", "change"]].round(1)
                   .to_string(na_rep="-", max_colwidth=70))
         print(f"(-: not measured. {report.LADDER_NOTE})")
-        roof = report.roofline(lad, describe_machine().device)
+        for line in report.phase_mismatches(lad):  # the report draws its shares on the timed step
+            print("phases:", line)
+        roof = report.roofline(lad, describe_machine().device)  # the peaks 06's report kept: one value
         if not roof.empty:
-            print("\nHow close each rung runs to this machine's limit (FLOPs counted on the step; the peak: "
-                  "a dense matmul in the rung's dtype, measured now):")
-            print(roof.round(1).to_string())
+            print("\nHow close each rung runs to this machine's limit (FLOPs counted on the step; % of the "
+                  "theoretical peak; the best kernel measured alone beside it; as in the report):")
+            print(roof.drop(columns=["reading"]).round(1).to_string(na_rep="-"))
+            for rung, why in roof["reading"].items():
+                if why:
+                    print(f"  {rung}: {why}")
     for line in lad.missing:
         print("missing:", line)
     if misses:
@@ -91,8 +97,13 @@ def cmd_grade(args) -> int:
         again = f"python -m autograder grade --jobs {args.jobs} " + " ".join([*outcome["failed"], *outcome["missing"]])
         tasks.print_merge(outcome, args.course, parallel.job_dir(args.course), again=again)
         return 0
-    grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout,
-                         sandboxed=not args.no_sandbox)
+    try:
+        grades = grade.grade(args.course, args.student or None, timeout_s=args.timeout,
+                             sandboxed=not args.no_sandbox)
+    except Stopped as stop:  # the CSVs are written, marked interrupted: show what was decided
+        if stop.grades:
+            grade.print_summary(stop.grades, args.course)
+        raise
     grade.print_summary(grades, args.course)
     return 0
 
@@ -363,10 +374,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one instructor command; a CourseError prints its message and exits with 1."""
+    """Run one instructor command; a CourseError prints its message and exits with 1. SIGINT and
+    SIGTERM stop it cleanly (:mod:`.stopping`: what it started is ended) with 128 + the signal."""
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        with on_signals():
+            return args.func(args)
     except CourseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Stopped as stop:
+        print(f"stopped by {stop}: everything this command started has ended", file=sys.stderr)
+        return stop.exit_code

@@ -20,8 +20,9 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import nbformat
@@ -175,10 +176,16 @@ def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str,
     spec = {"notebook": number, "inputs": str(inputs), "judged": str(dirs.judged), "out": str(out), "since": since,
             "sandbox": worker_box.command([], cwd=Path("/tmp")) if worker_box else [],
             "env": workers_env if worker_box else inner, **settings}
+    groups, grouped = worker_groups(number, worker_box, problems)
+    spec.update(grouped)
     (inputs / "judge.json").write_text(json.dumps(spec, indent=1))
     argv = [sys.executable, "-P", "-m", "labsupport.grading.judging", str(inputs / "judge.json")]
-    done = boundary.run(argv, env={**inner, **judging.QUIET_WAIT}, timeout_s=timeout_s,
-                        on_timeout=sandbox.kill_all if box else None)
+    try:
+        done = boundary.run(argv, env={**inner, **judging.QUIET_WAIT}, timeout_s=timeout_s,
+                            on_timeout=sandbox.kill_all if box else None)
+    finally:  # whatever the judge did: its workers' groups go, with anything still in them
+        for group in groups.values():
+            group.remove()
     if box is not None:
         sandbox.kill_all()  # the workers, and anything they started
     if done.timed_out:
@@ -193,12 +200,48 @@ def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str,
     return verdict
 
 
+def worker_groups(number: str, worker_box: sandbox.Sandbox | None, problems: list[str]) -> tuple[dict, dict]:
+    """The judge's two workers' cgroup v2 groups (``{"student": Group, "baseline": Group}``), made
+    here, as root, under this grader's (:func:`sandbox.group_path`), empty, and what the judge's
+    spec says of them: ``groups`` (their paths) and ``sandboxes`` (each worker's sandbox prefix,
+    which joins its group as root before bwrap starts the worker: its first instruction is in it).
+    The judge freezes each as a whole while it times the other; the caller removes them. None
+    where there is no sandbox (the judge then makes its own, where it can) or none can be made
+    (``problems`` says why, and the judge grades no speed comparing two sides)."""
+    from labsupport.grading import cgroups
+
+    if worker_box is None:
+        return {}, {}
+    try:
+        groups = {}
+        for role in ("student", "baseline"):
+            groups[role] = cgroups.Group.make(sandbox.group_path(f"judge-{number}-{role}"))
+            groups[role].kill()  # what a killed grader's judge left there, if anything
+    except cgroups.CgroupError as err:
+        for group in groups.values():
+            group.remove()
+        problems.append(f"the judge's workers get no cgroup ({err}): speed comparing two sides is not graded")
+        return {}, {}
+    return groups, {"groups": {role: str(g.path) for role, g in groups.items()},
+                    "sandboxes": {role: replace(worker_box, group=g.path).command([], cwd=Path("/tmp"))
+                                  for role, g in groups.items()}}
+
+
 # --- the grader's decision -----------------------------------------------------------------------
 
 # A speedup this many times the best the reference reached when this machine was calibrated is
 # not passed: it waits for a person, with its figures (an honest solution does not beat the
 # course's own by that much on the same machine; every one seen so far was a cheat).
 OUTLIER = 3.0
+# A pass whose baseline's own figure lies more than this factor from the median calibrate measured
+# for it on this machine, either way, is held for review: the baseline runs the course's own code,
+# so a figure that far off says the measurement was disturbed (the judge's freeze failed, or the
+# machine was busy), not that the student was fast. Its step and 02's naive data wait: 1.5x (issue
+# 60: the naive wait read 25-28 ms undisturbed on cpu-bf16, 127-1,090 ms with burners slowing it;
+# at the tiny profile 18.1-21.0 ms over 4 judged runs here, 30.5 ms with burners). A batch's
+# crossing is a fraction of a millisecond that honestly spreads 0.2-0.6 ms (g02's comment): 3x
+# (with burners it read 1.5 ms against 0.2-0.3).
+BASELINE_OFF = {"baseline_step_ms": 1.5, "baseline_wait_ms": 1.5, "crossing_ms": 3.0}
 NOTE_CHARS = 500  # of the verdict process's note kept per check
 # Checks the verdict process may call n/a where this machine has a bar: only where torch.compile
 # cannot run here (an older GPU: nothing to compile with).
@@ -213,7 +256,8 @@ class Decision:
     measured: float | None  # the verdict process's measurement (None: nothing usable)
     bar: str  # this machine's bar, e.g. ">= 3" ("" where the check does not apply here)
     result: str  # "pass", "fail", "n/a" or "review" (held for a person: no points until one decides)
-    reason: str  # labsupport.grading.REASONS, or "far above the reference" or "not run"
+    # labsupport.grading.REASONS, or "far above the reference", "baseline off its calibration" or "not run"
+    reason: str
     note: str = ""
 
     @property
@@ -235,7 +279,9 @@ def decide(verdict: dict, check_ids, machine) -> dict[str, Decision]:
     recomputed from the measurement and this machine's bar; an "n/a" counts only where this
     machine has no bar for the check (or the profile grades no speed, or torch.compile cannot run
     here); a failure stands, with the verdict's reason. A speedup above OUTLIER times the
-    reference's best on this machine is held for review. ``machine`` is a hardware.Machine.
+    reference's best on this machine is held for review, and so is one whose baseline's own figures
+    stray more than BASELINE_OFF from calibrate's (where it calibrated them; said in the note where
+    not). ``machine`` is a hardware.Machine.
     """
     from labsupport import grading, hardware
 
@@ -273,8 +319,37 @@ def decide(verdict: dict, check_ids, machine) -> dict[str, Decision]:
                                   f"measured {measured:.3g}, this machine's bar is {shown} (the verdict "
                                   f"process said pass). {note}".strip())
         else:
-            out[check] = _outlier(check, measured, shown, better, note, grading.reference_runs(check, facts, profile.name))
+            calibrated = grading.reference_baseline(check, facts, profile.name)
+            if entry.get("baseline") and not calibrated:
+                note = ((f"{note}; " if note else "")
+                        + "the baseline's own figures were not checked: nothing calibrated here")
+            out[check] = (_baseline_off(check, measured, shown, entry.get("baseline"), calibrated, note)
+                          or _outlier(check, measured, shown, better, note,
+                                      grading.reference_runs(check, facts, profile.name)))
     return out
+
+
+def _baseline_off(check: str, measured: float, shown: str, said, calibrated: dict[str, list[float]],
+                  note: str) -> Decision | None:
+    """A pass held for review where the baseline's own figures in the verdict (``said``) stray more
+    than their :data:`BASELINE_OFF` from calibrate's (``calibrated``: none where nothing was calibrated, or
+    the check has no baseline; then nothing to hold); None where they do not."""
+    said = said if isinstance(said, dict) else {}
+    off = []
+    for figure, values in calibrated.items():
+        expected, got = statistics.median(values), finite(said.get(figure))
+        if got is None or expected <= 0:
+            off.append(f"its {figure} was not reported" if got is None else "")
+        elif not 1 / BASELINE_OFF[figure] <= got / expected <= BASELINE_OFF[figure]:
+            off.append(f"its {figure} read {got:.3g}, against {expected:.3g} when this machine was calibrated "
+                       f"(more than {BASELINE_OFF[figure]:g}x off)")
+    off = [o for o in off if o]
+    if not off:
+        return None
+    return Decision(check, measured, shown, "review", "baseline off its calibration",
+                    f"measured {measured:.3g}, but the baseline it was compared with was not itself: "
+                    f"{'; '.join(off)}: no points until a person looks. "
+                    f"{note}".strip())
 
 
 def _outlier(check: str, measured: float, shown: str, better: str, note: str, reference: list[float]) -> Decision:

@@ -11,6 +11,13 @@ process at all is marked "failed to run". A submission whose grading raised is m
 to grade". None of them stops the batch, and the CSVs are written after every student
 (:mod:`.gradebook`).
 
+Stopped by SIGINT (Ctrl-C) or SIGTERM (Slurm, ``timeout``; :mod:`.stopping`), ``grade`` ends the
+submission's sandboxes (its cgroup killed, its folders unmounted), records the notebooks the
+grader had not decided as "not graded" (0 points, in the gradebook too: the kernel's own marks are
+never a grade, see :class:`.submission.WithheldAutoGrades`), writes the CSVs with every row marked
+``interrupted``, and exits with 128 + the signal. ``grade`` run again with no student named grades
+the submissions that batch did not finish, and keeps the rows of those it did.
+
 Outputs in the course root: ``grades.csv`` (nbgrader's export, one row per student),
 ``grades_by_check.csv`` (one row per student and graded cell, with the judge's table),
 ``grading_summary.csv`` (one row per student and notebook: status, score, seconds, edited cells,
@@ -27,14 +34,14 @@ submission graded as a task of its own, and the merge of tasks), :mod:`.parallel
 from __future__ import annotations
 
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import pandas as pd
 
-from . import course, gradebook, release, sandbox
+from . import course, gradebook, release, sandbox, stopping
 from .course import Course
-from .submission import Batch, NotebookGrade, grade_student  # noqa: F401 (NotebookGrade: the batch's rows)
+from .submission import NOT_GRADED, Batch, NotebookGrade, grade_student  # noqa: F401 (NotebookGrade: the batch's rows)
 
 
 def cell_timeout_s(device_class: str) -> int:
@@ -71,6 +78,12 @@ def grade(where: Course | Path = course.COURSE_ROOT, students: list[str] | None 
     from labsupport.hardware import describe_machine
 
     the = course.of(where)
+    carried = []  # an interrupted batch's finished submissions, when this one finishes it
+    if students is None:
+        carried, students = resumed(the)
+        if carried and not students:
+            gradebook.export_quietly(the, carried)
+            return carried
     students = students_to_grade(the, students)
     machine = describe_machine()
     timeout_s = timeout_s or cell_timeout_s(machine.device_class)
@@ -90,21 +103,89 @@ def grade(where: Course | Path = course.COURSE_ROOT, students: list[str] | None 
     if batch.box is None:
         print(f"memory: {sandbox.memory_bytes() / 2**30:.1f} GiB per sandbox" if batch.memory is None else
               f"note: NO memory limit per sandbox ({batch.memory}); only the address-space limit applies")
-    grades = []
+    from labsupport.grading import cgroups
+
+    if cgroups.problem():  # the judge freezes one worker's cgroup while it times the other: none, no speed
+        print(f"note: NO speed comparing a student's code with the baseline is graded ({cgroups.problem()}): "
+              "the judge cannot freeze one side while it times the other, so those checks fail \"not measured\"")
+    if carried:
+        print(f"finishing an interrupted batch: {len({g.student for g in carried})} submission(s) graded in it "
+              f"are kept; grading the {len(students)} it did not finish")
+    grades, stop = [], None
     bar = tqdm(students, desc="grading", unit="student", disable=not progress)
+    with stopping.on_signals():
+        try:
+            for student in bar:
+                bar.set_postfix_str(student)
+                try:
+                    made = grade_student(the, student, timeout_s=timeout_s, batch=batch)
+                except Exception as err:  # one submission's failure never stops the batch
+                    frame = traceback.extract_tb(err.__traceback__)[-1]
+                    made = [NotebookGrade(student, "", "failed to grade", 0.0, 0.0, errors=[
+                        f"{type(err).__name__}: {str(err)[:300]} ({Path(frame.filename).name}:{frame.lineno})"])]
+                grades += made
+                for g in made:
+                    tqdm.write(notebook_line(g))
+                gradebook.export_quietly(the, carried + grades)  # each student's grades are written as they are made
+        except stopping.Stopped as err:
+            stop = err
+            grades += err.grades
+            reached = {g.student for g in grades}
+            grades += [NotebookGrade(s, "", NOT_GRADED, 0.0, 0.0, errors=[
+                f"not graded: the batch was stopped ({err}) before this submission (the gradebook keeps "
+                "whatever an earlier grading gave it)"]) for s in students if s not in reached]
+            for g in grades:
+                g.interrupted = True
+        finally:
+            gradebook.export_quietly(the, carried + grades)
+    if stop is not None:
+        stop.grades = carried + grades
+        raise stop
+    return carried + grades
+
+
+def notebook_line(g: NotebookGrade) -> str:
+    """One notebook's grading in a line: status, score, its time and its sandboxes' peak memory."""
+    memory = "-" if g.peak_bytes is None else f"{g.peak_bytes / 2**30:.2f} GiB"
+    return (f"{g.student} {g.notebook or '(submission)'}: {g.status}, {g.score:g}/{g.max_score:g} points, "
+            f"{g.wall_s:.0f} s (kernel {g.seconds:.0f} s, verdict {g.verdict_s:.0f} s), peak memory {memory}")
+
+
+def resumed(where: Course | Path) -> tuple[list[NotebookGrade], list[str] | None]:
+    """After a batch that was stopped (its ``grading_summary.csv`` marked ``interrupted``): the rows
+    of the submissions it graded in full, and the students it did not finish (to grade now).
+    Otherwise ``([], None)``: every collected submission is graded."""
+    path = course.of(where).root / "grading_summary.csv"
     try:
-        for student in bar:
-            bar.set_postfix_str(student)
-            try:
-                grades += grade_student(the, student, timeout_s=timeout_s, batch=batch)
-            except Exception as err:  # one submission's failure never stops the batch
-                frame = traceback.extract_tb(err.__traceback__)[-1]
-                grades.append(NotebookGrade(student, "", "failed to grade", 0.0, 0.0, errors=[
-                    f"{type(err).__name__}: {str(err)[:300]} ({Path(frame.filename).name}:{frame.lineno})"]))
-            gradebook.export_quietly(the, grades)  # each student's grades are written as they are made
-    finally:
-        gradebook.export_quietly(the, grades)
-    return grades
+        frame = pd.read_csv(path, keep_default_na=False)
+    except (OSError, ValueError):
+        return [], None
+    if frame.empty or "interrupted" not in frame or not frame.interrupted.astype(str).eq("True").any():
+        return [], None
+    unfinished = set(frame.loc[frame.status.isin([NOT_GRADED, "failed to grade"]), "student"].astype(str))
+    kinds = {f.name: f.type for f in fields(NotebookGrade)}
+    carried = []
+    for row in frame.to_dict("records"):
+        if str(row["student"]) in unfinished:
+            continue
+        values = {}
+        for name, kind in kinds.items():
+            value = row.get(name, "")
+            if "list" in str(kind):
+                value = [v for v in str(value).split(" | ") if v]
+            elif name in ("needs_manual", "interrupted"):
+                value = str(value) == "True"
+            elif name == "peak_bytes":
+                value = int(float(value)) if str(value) not in ("", "nan") else None
+            elif "float" in str(kind):
+                value = float(value or 0.0)
+            else:
+                value = str(value)
+            values[name] = value
+        values["interrupted"] = False  # graded in full: its notebooks were all decided
+        carried.append(NotebookGrade(**values))
+    students = sorted(s for s in submitted_students(where) if s in unfinished or s not in set(frame.student.astype(str)))
+    return carried, students
 
 
 def students_to_grade(where: Course | Path, students: list[str] | None = None) -> list[str]:
@@ -133,13 +214,13 @@ def summary(grades: list[NotebookGrade]) -> pd.DataFrame:
     rows = []
     for student, group in frame.groupby("student", sort=True):
         def named(status):
-            return ", ".join(group.loc[group.status == status, "notebook"]) or ""
+            return ", ".join(n or "(every notebook)" for n in group.loc[group.status == status, "notebook"])
         rows.append({"student": student, "score": group.score.sum(), "max": group.max_score.sum(),
                      # what the grader decides; the rest (06's written analysis) is a person's to give
                      "automatic max": group.auto_max_score.sum(),
                      "for review": "; ".join(f"{n}: {r}" for n, rs in zip(group.notebook, group.review) for r in rs),
                      "timed out": named("timed out"), "failed to run": named("failed to run"),
-                     "missing": named("missing"),
+                     "missing": named("missing"), "not graded": named(NOT_GRADED),
                      "edited read-only cells": "; ".join(f"{n}: {', '.join(c)}" for n, c in
                                                          zip(group.notebook, group.edited_cells) if c),
                      "gradebook repaired": "; ".join(r for rs in group.repaired for r in rs),
@@ -161,6 +242,10 @@ def print_summary(grades: list[NotebookGrade], where: Course | Path) -> None:
           f"{sum('timed out' in st for st in per_student.values())} with a notebook that timed out, "
           f"{sum('missing' in st for st in per_student.values())} with a missing notebook "
           f"({int((statuses == 'graded').sum())} of {len(statuses)} notebooks graded normally).")
+    if any(g.interrupted for g in grades):
+        print(f"\nINTERRUPTED: the batch was stopped; {sum(g.status == NOT_GRADED for g in grades)} notebook(s) or "
+              "submission(s) were not graded (0 points, marked 'not graded' and 'interrupted' in grading_summary.csv). "
+              "`python -m autograder grade` grades them, keeping the rest.")
     held = [(g.student, r) for g in grades for r in g.review]
     if held:
         print(f"\n{len(held)} check(s) held for review, 0 points until you decide (a manual score in "

@@ -18,15 +18,20 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import course, tasks
+from . import course, stopping, tasks
 
 JOB_DIR = "parallel"  # in the course root: students.txt, tasks/<student>/, logs/<student>.log
+# A task sent SIGTERM ends its sandboxes and writes its record within seconds (a kernel killed by
+# its cgroup, the gradebook written); past this it is killed.
+STOP_WAIT_S = 60
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,9 @@ def start(where: course.Course | Path, students: list[str] | None, jobs: int, *,
     """Start grading ``students`` (default: all collected) ``jobs`` at a time, in the background.
 
     Returns a Future of the job folder, done when every task has ended; :func:`grade` then merges
-    it (:func:`tasks.merge`). The tasks start from this process's environment as it is now, so a
+    it (:func:`tasks.merge`). Its ``stop()`` starts no further task and sends SIGTERM to those
+    running (each ends its own sandboxes, :mod:`.stopping`), waiting for them (STOP_WAIT_S, then
+    SIGKILL). The tasks start from this process's environment as it is now, so a
     serial batch graded here meanwhile (which sets its own variables while it runs) reaches none
     of them. Merge only once nothing else is grading into the course.
     """
@@ -99,6 +106,9 @@ def start(where: course.Course | Path, students: list[str] | None, jobs: int, *,
     print(f"grading {len(students)} submission(s), {jobs} at a time, {len(shares[0].cores)} core(s) each"
           + (", a GPU each" if shares[0].gpu else "") + f"; logs in {course.shown(job)}/logs/")
 
+    running: dict[str, subprocess.Popen] = {}
+    lock, stopped = threading.Lock(), threading.Event()
+
     def task(student: str) -> str:
         slot = free.get()
         try:
@@ -107,10 +117,33 @@ def start(where: course.Course | Path, students: list[str] | None, jobs: int, *,
             command += [f"--timeout={timeout_s}"] if timeout_s else []
             env = dict(environ, **({"CUDA_VISIBLE_DEVICES": slot.gpu} if slot.gpu else {}))
             with open(job / "logs" / f"{student}.log", "w") as log:
-                subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=course.REPO_ROOT)
+                with lock:
+                    if stopped.is_set():
+                        return student
+                    running[student] = proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                               cwd=course.REPO_ROOT)
+                try:
+                    proc.wait()
+                finally:
+                    with lock:
+                        running.pop(student, None)
             return student
         finally:
             free.put(slot)
+
+    def stop() -> None:
+        with lock:
+            stopped.set()
+            procs = list(running.values())
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def run_all() -> Path:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -121,7 +154,9 @@ def start(where: course.Course | Path, students: list[str] | None, jobs: int, *,
 
     runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grade-jobs")
     try:
-        return runner.submit(run_all)
+        future = runner.submit(run_all)
+        future.stop = stop
+        return future
     finally:
         runner.shutdown(wait=False)  # the submitted run goes on; the thread ends with it
 
@@ -133,5 +168,11 @@ def grade(where: course.Course | Path, students: list[str] | None, jobs: int, *,
     Returns :func:`tasks.merge`'s outcome; its ``grades`` are one NotebookGrade per notebook, as
     :func:`grade.grade` returns, and a task that failed is a "failed to grade" row.
     """
-    job = start(where, students, jobs, timeout_s=timeout_s, progress=progress).result()
+    with stopping.on_signals():
+        running = start(where, students, jobs, timeout_s=timeout_s, progress=progress)
+        try:
+            job = running.result()
+        except stopping.Stopped:  # nothing merged: `grade --jobs` grades them again
+            running.stop()
+            raise
     return tasks.merge(where, job)

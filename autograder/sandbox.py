@@ -50,6 +50,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labsupport.grading import cgroups
+from labsupport.grading.cgroups import Group
+
 NOBODY = 65534  # the unprivileged user the sandboxed processes run as (the first grader's)
 # Further graders on the same machine: ids Debian reserves and never assigns (65000-65533), so no
 # real user's processes or files are ever theirs. A grader holds its id by a lock file.
@@ -134,6 +137,7 @@ class Sandbox:
     env: dict[str, str] = field(default_factory=dict)  # set inside (HOME and TMPDIR are always set)
     budget_s: float | None = None  # wall clock of one command (timeout), None for none
     mounts: tuple[tuple[Path, Path], ...] = ()  # (folder, where it appears): read-write, elsewhere
+    group: Path | None = None  # a cgroup v2 group (:func:`group_path`) the command joins, after the memory one
 
     def command(self, argv: list[str], *, cwd: Path | None = None, before: str = "",
                 log: Path | None = None) -> list[str]:
@@ -200,6 +204,8 @@ class Sandbox:
         procs, _ = memory_cgroup()
         # As root, before anything else: the command and all it starts count against the limit.
         join = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs)] if procs else []
+        if self.group is not None:  # after the memory one: on a unified machine the group lies below it
+            join += Group(self.group).join_command()
         return [*wall, *join, "prlimit", *limits, "--", *bwrap, *argv]
 
 
@@ -343,9 +349,14 @@ def kill_all(wait_s: float = 10.0) -> None:
     sandbox's PID namespace, and where a sandbox's own first process is killed first, its orphans
     come to this process (:func:`user` makes it their reaper), not to the machine's init.
     Repeated while it finds any, since a fork storm adds processes while they are killed.
+    First, each group :func:`track` names (a submission's) is killed as a whole (``cgroup.kill``:
+    its forks cannot escape it as they can a pid walk); last, the sandboxes' zombies are reaped
+    (:func:`reap`).
     """
     uid, me = user(), os.getpid()
     deadline = time.monotonic() + wait_s
+    for group in _GROUPS:  # by cgroup first: a group's forks cannot escape it, as they can a pid walk
+        Group(group).kill(wait_s=min(wait_s, cgroups.WAIT_S))
     while True:
         table = _processes()
         ours = [pid for pid in _descendants(me, table) if _real_uid(pid) == uid]
@@ -357,8 +368,53 @@ def kill_all(wait_s: float = 10.0) -> None:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
         if not ours or time.monotonic() > deadline:
+            reap()
             return
         time.sleep(0.05)
+
+
+# The cgroup v2 groups of this grader's sandboxes (:func:`track`), which :func:`kill_all` ends as a whole.
+_GROUPS: list[Path] = []
+
+
+def track(group: Path) -> None:
+    """Have :func:`kill_all` end every process of ``group`` (a submission's, :func:`group_path`) too."""
+    if Path(group) not in _GROUPS:
+        _GROUPS.append(Path(group))
+
+
+def untrack(group: Path) -> None:
+    with contextlib.suppress(ValueError):
+        _GROUPS.remove(Path(group))
+
+
+def reap() -> int:
+    """Reap the sandboxes' first processes left to this grader, and return how many.
+
+    bwrap forks the sandbox's init (pid 1 of its own PID namespace, a session of its own); when
+    the outer bwrap ends first (killed, or its ``timeout`` was), that init comes to this process
+    (:func:`user` made it their subreaper) and, once ended, stays a zombie (``[bwrap] <defunct>``,
+    3-4 per notebook) until the grader exits. Only zombies this process did not start are reaped:
+    one that lived in another PID namespace, or a bwrap that is not its session's leader; a child
+    the grader started (subprocess's, jupyter_client's) is in this namespace and leads its session,
+    and is left to whoever waits for it.
+    """
+    me, reaped = os.getpid(), 0
+    for pid, (ppid, state) in _processes().items():
+        if ppid != me or state != "Z":
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            session = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[3])
+        except (OSError, ValueError, IndexError):
+            continue
+        foreign = len(fields.get("NSpid", "").split()) > 1
+        if foreign or (fields.get("Name", "").strip() == "bwrap" and session != pid):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+                reaped += 1
+    return reaped
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -451,6 +507,19 @@ def memory_cgroup() -> tuple[Path | None, str | None]:
     return group / "cgroup.procs", None
 
 
+def group_path(name: str) -> Path:
+    """Where this grader's cgroup v2 group ``name`` lies (:mod:`labsupport.grading.cgroups`; make it
+    with ``Group.make``): below this grader's memory cgroup where the machine is unified, so its
+    processes still count against the memory limit; else in the v2 hierarchy beside v1's."""
+    procs, _ = memory_cgroup()
+    if procs is not None and cgroups.unified():
+        return procs.parent / name
+    where = cgroups.mount()
+    if where is None:
+        raise cgroups.CgroupError(cgroups.problem() or "no cgroup v2 hierarchy")
+    return where / f"lab-sandbox-{user()}" / name
+
+
 def memory_kills() -> int:
     """How many processes the memory limit has killed in this grader's cgroup so far."""
     procs, _ = memory_cgroup()
@@ -465,6 +534,44 @@ def memory_kills() -> int:
         except OSError:
             continue
     return 0
+
+
+class MemoryPeak:
+    """The peak memory of this grader's sandboxes from now (one notebook: its kernel, then its
+    verdict process or judge's workers) until :meth:`read`. The memory cgroup's own high-water
+    mark, reset here: v1's ``memory.max_usage_in_bytes`` (reset by writing 0), v2's ``memory.peak``
+    (reset for the file descriptor that writes to it, Linux 6.12; before that, since the cgroup was
+    made). It counts what the kernel charges the sandboxes: their processes' memory, and the pages
+    of their tmpfs folders.
+    """
+
+    def __init__(self):
+        self._handle = None
+        procs, _ = memory_cgroup()
+        if procs is None:
+            return
+        for name, reset in (("memory.peak", "reset"), ("memory.max_usage_in_bytes", "0")):
+            try:
+                self._handle = open(procs.parent / name, "r+")
+            except OSError:
+                continue
+            with contextlib.suppress(OSError):
+                self._handle.write(reset)
+                self._handle.flush()
+            return
+
+    def read(self) -> int | None:
+        """The peak in bytes since this was made (None where there is no memory cgroup); closes it."""
+        if self._handle is None:
+            return None
+        try:
+            self._handle.seek(0)
+            return int(self._handle.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        finally:
+            self._handle.close()
+            self._handle = None
 
 
 # --- disk: a size-limited filesystem per submission --------------------------------------------
@@ -559,6 +666,7 @@ def watchdog(folders: tuple[Path, ...], *, enabled: bool = True, every_s: float 
 
     def watch():
         while not stop.wait(every_s):
+            reap()
             if disk_used(folders, disk) > STORE_BYTES:
                 state.tripped = True
                 kill_all()

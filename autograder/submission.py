@@ -26,19 +26,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import nbformat
 
-from nbgrader.preprocessors import Execute
-from traitlets import List
+from nbgrader.preprocessors import Execute, SaveAutoGrades
+from traitlets import Bool, List
 
-from labsupport.grading import MEASURED_BY_THE_GRADER
+from labsupport.grading import MEASURED_BY_THE_GRADER, cgroups
 
-from . import boundary, course, deciding, gradebook, sandbox, skipping
+from . import boundary, course, deciding, gradebook, kernel, sandbox, skipping, stopping
 from .course import Course
 
 # Cell outputs that mean nbgrader interrupted a cell at its time limit.
@@ -51,7 +50,7 @@ class NotebookGrade:
 
     student: str
     notebook: str
-    status: str  # "graded", "timed out", "failed to run" or "missing"
+    status: str  # "graded", "timed out", "failed to run", "missing", "out of time" or NOT_GRADED
     score: float
     max_score: float
     seconds: float = 0.0
@@ -63,6 +62,12 @@ class NotebookGrade:
     review: list[str] = field(default_factory=list)  # checks held for a person, with their figures
     wall_s: float = 0.0  # this notebook's grading from start to recorded: kernel, verdict and the rest
     auto_max_score: float = 0.0  # the points the grader decides (max_score less the manual ones)
+    peak_bytes: int | None = None  # the submission's sandboxes' peak memory while this notebook ran and was judged
+    interrupted: bool = False  # the batch this row was graded in was stopped (SIGINT, SIGTERM) before its end
+
+
+# A notebook the grader had not decided when the batch was stopped: 0 points, graded again by the next `grade`.
+NOT_GRADED = "not graded"
 
 
 def _cell_errors(autograded: Path) -> tuple[list[str], bool]:
@@ -107,6 +112,28 @@ def _give_rungs(dirs: Folders, owner: int | None) -> None:
                 pass  # the kernel left a folder of that name: its own ladder misses the rung
 
 
+class WithheldAutoGrades(SaveAutoGrades):
+    """nbgrader's SaveAutoGrades, recording 0 for the test cells the grader decides (``withheld``).
+
+    Under ``grade`` the kernel measures nothing: its check cells say "n/a, decided by the grader",
+    which nbgrader would count as passed. Only the judge's verdict (:func:`deciding.record`) gives
+    those points; until it has, the gradebook holds 0, in the same commit as nbgrader's own
+    record of the cell, so a batch stopped between the kernel and the judge leaves no mark the
+    grader did not decide (a stopped batch once left an untouched release at 10/10 for 01).
+    """
+
+    withheld = List(help="grade ids of the test cells the grader decides").tag(config=True)
+
+    def _add_score(self, cell, resources):
+        if cell.metadata["nbgrader"]["grade_id"] not in self.withheld:
+            return super()._add_score(cell, resources)
+        grade = self.gradebook.find_grade(cell.metadata["nbgrader"]["grade_id"], self.notebook_id,
+                                          self.assignment_id, self.student_id)
+        grade.auto_score = 0.0
+        grade.needs_manual_grade = grade.manual_score is not None  # as nbgrader decides it
+        self.gradebook.db.commit()
+
+
 class BoundedExecute(Execute):
     """nbgrader's Execute, keeping at most ``max_output_bytes`` of a notebook's outputs.
 
@@ -117,6 +144,15 @@ class BoundedExecute(Execute):
 
     max_output_bytes = 8 * 2**20
     skipped = List(help="ids of the cells left out of this run (skipping.to_skip), shown as skipping.WHY").tag(config=True)
+    pinned_channels = Bool(False, help="the kernel is sandboxed: reach its channels through root's "
+                                       "descriptors (kernel.PinnedKernelManager)").tag(config=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Here, not by config: nbgrader's Execute passes its kernel manager class as an argument,
+        # which outranks the config.
+        if self.pinned_channels:
+            self.kernel_manager_class = kernel.PinnedKernelManager
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "code" and cell.get("id") in self.skipped:
@@ -213,26 +249,6 @@ SUBMISSION_BUDGET_CELLS = 6
 DISK_HEADROOM = 1.25
 
 
-def _kernel_spec(folder: Path, box: sandbox.Sandbox, log: Path) -> None:
-    """A kernel spec ``lab-sandbox`` in ``folder`` (put on JUPYTER_PATH) that starts IPython in ``box``.
-
-    nbgrader writes the connection file (mode 600, root's) into the run folder, made fresh for
-    each notebook; the sandbox copies it to its own /tmp for the kernel, which runs as nobody. The
-    kernel process's own output (its banner, C++ libraries' logging) goes to ``log``, not the
-    grader's terminal.
-    """
-    argv = box.command([sys.executable, "-m", "ipykernel_launcher", "-f", "/tmp/kernel.json"],
-                       before="cp '{connection_file}' /tmp/kernel.json && chmod 0644 /tmp/kernel.json",
-                       log=log)
-    spec = folder / "kernels" / "lab-sandbox"
-    spec.mkdir(parents=True, exist_ok=True)
-    # Interrupts by message: a signal to the sandbox's outer process would end the sandbox, where
-    # nbgrader's interrupt at a cell's time limit must reach IPython inside it (ipykernel then
-    # signals its own process group).
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "lab sandbox",
-                                                  "language": "python", "interrupt_mode": "message"}))
-
-
 @dataclass
 class Folders:
     """One submission's folders, all in ``work`` (root's: no sandboxed process can rename or
@@ -247,7 +263,9 @@ class Folders:
                  "store": "the grader's results store (verdict processes)", "outbox": "verdicts",
                  "inputs": "what root hands a verdict process (root's, read-only)",
                  "judged": "what the judge keeps for later notebooks: checks, rungs, code (root's)",
-                 "jupyter": "the kernel spec (root's)"}
+                 "jupyter": "the kernel spec (root's)",
+                 "connection": "the kernel's connection file (root's, mode 700: read-only in the sandbox, "
+                               "where only its root, before dropping to nobody, reads it)"}
         if name not in kinds:
             raise AttributeError(name)
         return self.work / name
@@ -287,8 +305,12 @@ def grade_student(where: Course | Path, student: str, *, timeout_s: int,
     for path in (kept, dirs.work, the.verdicts(student)):
         shutil.rmtree(path, ignore_errors=True)
     deadline = time.monotonic() + batch.submission_budget_s
+    grades: list[NotebookGrade] = []  # one per notebook decided, appended as each is
+    with the.gradebook() as gb:
+        before = deciding.snapshot(gb, the.assignment)
+    group = _submission_group(batch)
     try:
-        grades, before = _grade_in(the, student, batch, dirs, folder, names, deadline, Autograde)
+        _grade_in(the, student, batch, dirs, folder, names, deadline, Autograde, grades, group)
         with the.gradebook() as gb:
             repaired = deciding.restore(gb, the.assignment, student, before)
         gradebook.feedback(the, student)
@@ -303,7 +325,13 @@ def grade_student(where: Course | Path, student: str, *, timeout_s: int,
                 grades[0].errors.append(f"results not kept: {'; '.join(skipped[:5])}")
         if dirs.judged.is_dir():  # the judge's own files (root's), over whatever the store held of them
             shutil.copytree(dirs.judged, kept, dirs_exist_ok=True)
+    except stopping.Stopped as stop:
+        _end(group, batch)  # nothing of this submission runs on while the gradebook is put right
+        stop.grades = _stopped(the, student, batch, [n for n in names if (folder / f"{n}.ipynb").exists()],
+                               grades, before, stop.signum)
+        raise
     finally:
+        _end(group, batch)
         sandbox.unmount_below(dirs.work)
         shutil.rmtree(dirs.work, ignore_errors=True)
     scores = gradebook.notebook_scores(the, student)
@@ -315,10 +343,63 @@ def grade_student(where: Course | Path, student: str, *, timeout_s: int,
     return grades
 
 
-def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Path,
-              names: list[str], deadline: float, Autograde) -> tuple[list[NotebookGrade], dict]:
-    """Run and judge each notebook of ``student`` in ``dirs``; returns the NotebookGrades and the
-    gradebook's snapshot from before (for :func:`deciding.restore`)."""
+def _submission_group(batch: Batch) -> cgroups.Group | None:
+    """The cgroup v2 group every sandbox of the submission runs in (its kernels and verdict
+    processes; :func:`sandbox.kill_all` ends it as a whole): made empty, below this grader's
+    (:func:`sandbox.group_path`); None without a sandbox, or where no group can be made (then the
+    pid walk of :func:`sandbox.kill_all` alone ends them)."""
+    if batch.box is not None or cgroups.problem():
+        return None
+    try:
+        group = cgroups.Group(sandbox.group_path("submission"))
+        group.remove()  # what a grader that was killed outright left in it
+        group = cgroups.Group.make(group.path)
+    except (cgroups.CgroupError, OSError):
+        return None
+    sandbox.track(group.path)
+    return group
+
+
+def _end(group: cgroups.Group | None, batch: Batch) -> None:
+    """End every process of the submission's sandboxes (its group by ``cgroup.kill``, then what
+    the pid walk finds), reap them, and remove its group."""
+    if batch.box is None:
+        sandbox.kill_all()
+    if group is not None:
+        group.remove()
+        sandbox.untrack(group.path)
+
+
+def _stopped(the: Course, student: str, batch: Batch, names: list[str], grades: list[NotebookGrade],
+             before: dict, signum: int) -> list[NotebookGrade]:
+    """``grades`` (the notebooks decided before the batch was stopped by ``signum``), scored as the
+    gradebook has them, then a NOT_GRADED row, at 0 in the gradebook too, for every other notebook
+    of ``names`` (those handed in: the one being graded, and those after it; an earlier grading's
+    marks are no grade of this submission); the gradebook is checked as after a whole submission
+    (:func:`deciding.restore`)."""
+    import signal
+
+    decided = {g.notebook for g in grades}
+    why = (f"not graded: the batch was stopped ({signal.Signals(signum).name}) before the grader decided "
+           "this notebook; `python -m autograder grade` grades it again")
+    rest = [NotebookGrade(student, name, NOT_GRADED, 0.0, 0.0, errors=[why]) for name in names if name not in decided]
+    with the.gradebook() as gb:
+        for g in rest:
+            deciding.record(gb, the.assignment, student, g.notebook, dict.fromkeys(batch.cells.get(g.notebook, {}), False))
+        repaired = deciding.restore(gb, the.assignment, student, before)
+    scores = gradebook.notebook_scores(the, student)
+    for g in grades + rest:
+        score, g.max_score, g.needs_manual, g.auto_max_score = scores.get(g.notebook, (0.0, g.max_score, False, 0.0))
+        g.score = 0.0 if g.status == NOT_GRADED else score
+    if grades + rest:
+        (grades + rest)[0].repaired += repaired
+    return grades + rest
+
+
+def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Path, names: list[str],
+              deadline: float, Autograde, grades: list[NotebookGrade], group: cgroups.Group | None) -> None:
+    """Run and judge each notebook of ``student`` in ``dirs``, appending its NotebookGrade to
+    ``grades`` once the grader has recorded its decisions; every sandbox in ``group``."""
     sandboxed = batch.box is None
     dirs.work.mkdir(parents=True)
     if sandboxed and batch.disk is None:
@@ -328,7 +409,8 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
             print(f"note: {batch.disk}; the watchdog counts each submission's files instead")
     disk = dirs.work if sandboxed and batch.disk is None else None
     dirs.fresh("results", "report", "inductor", "store", "outbox", owned=sandboxed)
-    dirs.fresh("judged", owned=False)
+    dirs.fresh("judged", "connection", owned=False)
+    dirs.connection.chmod(0o700)
     shutil.copytree(folder, dirs.cwd)  # the kernel's working folder: the submission as handed in
     if sandboxed:
         sandbox.own(dirs.cwd)
@@ -346,16 +428,15 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
            "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)}
     readable = (batch.lib, Path(batch.settings["data"]), Path(batch.settings["thresholds"]).parent)
     box = verdict_box = None
+    joined = group.path if group is not None else None
     if sandboxed:
-        box = sandbox.Sandbox(writable=(dirs.results, dirs.run, dirs.report, dirs.inductor), readable=readable,
+        box = sandbox.Sandbox(writable=(dirs.results, dirs.run, dirs.report, dirs.inductor),
+                              readable=readable + (dirs.connection,),
                               env={"PYTHONPATH": str(batch.lib), "TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)},
-                              mounts=((dirs.cwd, autograded),))
+                              mounts=((dirs.cwd, autograded),), group=joined)
         verdict_box = sandbox.Sandbox(writable=(dirs.store, dirs.outbox, dirs.inductor),
-                                      readable=readable + (dirs.report, dirs.inputs))
+                                      readable=readable + (dirs.report, dirs.inputs), group=joined)
     written = (dirs.results, dirs.cwd, dirs.report, dirs.inductor, dirs.run)  # where the kernel writes
-    grades = []
-    with the.gradebook() as gb:
-        before = deciding.snapshot(gb, the.assignment)
     with course.environment(env):
         for name in names:
             path = folder / f"{name}.ipynb"
@@ -381,22 +462,26 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
             dirs.fresh("run", owned=sandboxed)  # what the last kernel left there is gone
             _give_rungs(dirs, sandbox.user() if sandboxed else None)
             if box is not None:
-                _kernel_spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
-                             dirs.run / "kernel.log")
-                settings.update(Execute__kernel_name="lab-sandbox", KernelManager__transport="ipc",
-                                KernelManager__ip=str(dirs.run / "kernel"),
-                                KernelManager__connection_file=str(dirs.run / "connection.json"))
+                kernel.spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
+                            dirs.run / "kernel.log")
+                settings.update(kernel.settings(dirs.run, dirs.connection))
+            cells = batch.cells.get(name, {})
             app = gradebook.app(Autograde, the, CourseDirectory__student_id=student,
-                       CourseDirectory__notebook_id=name, Autograde__create_student=True, **settings)
-            # the config's stand-in (nbgrader autograde alone refuses to grade) becomes the sandboxed run
-            app.autograde_preprocessors = [BoundedExecute if pp is Execute or getattr(pp, "replaced_by_the_grader", False)
-                                           else pp for pp in app.autograde_preprocessors]
+                       CourseDirectory__notebook_id=name, Autograde__create_student=True,
+                       WithheldAutoGrades__withheld=sorted(cells), **settings)
+            # the config's stand-in (nbgrader autograde alone refuses to grade) becomes the sandboxed run,
+            # and the kernel's marks of the grader's cells are withheld (0 until the judge's are recorded)
+            app.autograde_preprocessors = [
+                BoundedExecute if pp is Execute or getattr(pp, "replaced_by_the_grader", False) else
+                WithheldAutoGrades if pp is SaveAutoGrades else pp for pp in app.autograde_preprocessors]
             started, since = time.perf_counter(), time.time()
             kills = sandbox.memory_kills()
+            memory = sandbox.MemoryPeak()
             with sandbox.watchdog(written, enabled=sandboxed, disk=disk) as dog:
                 outcome = gradebook.run(app)
             if sandboxed:
-                sandbox.kill_all()  # nothing the notebook started outlives it
+                sandbox.kill_all()  # nothing the notebook started outlives it (its group, then the pid walk)
+            stopping.check()  # nbgrader's app swallows the signal's exception: it stops the batch here
             seconds = time.perf_counter() - started
             errors, timed_out = _cell_errors(autograded / f"{name}.ipynb")
             if not outcome["success"]:
@@ -422,7 +507,6 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
                                      env={"TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)})
             if "error" in found:
                 errors.append(f"verdicts: {found['error']}")
-            cells = batch.cells.get(name, {})
             decisions, passed = deciding.score(found, cells, batch.machine)
             deciding.keep(the, student, name, found, decisions)
             with the.gradebook() as gb:
@@ -431,7 +515,6 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
                                         verdict_s=float(deciding.finite(found.get("seconds")) or 0.0),
                                         review=[f"{d.check}: {d.note}" for d in decisions.values()
                                                 if d.result == "review"],
-                                        wall_s=time.perf_counter() - began))
-    return grades, before
+                                        wall_s=time.perf_counter() - began, peak_bytes=memory.read()))
 
 

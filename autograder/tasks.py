@@ -76,11 +76,13 @@ def run_task(where: Course | Path, job: Path, student: str, *, timeout_s: int | 
 
     Writes ``tasks/<student>/``: ``task.json`` (status, grades, start, end, node, cores, GPU, Slurm
     ids), the private gradebook (``gradebook.db``) and the student's graded files. Returns the
-    record; its status is "graded", or "failed" with the error.
+    record; its status is "graded", or "failed" with the error, or "interrupted" where a signal
+    stopped it (Slurm's SIGTERM at the time limit or on scancel): its sandboxes ended, the record
+    written, and :class:`.stopping.Stopped` raised again, so the task exits with 128 + the signal.
     """
     from labsupport.hardware import describe_machine
 
-    from . import grade, sandbox
+    from . import grade, sandbox, stopping
 
     the, job = course.of(where), Path(job).resolve()
     task = job / "tasks" / student
@@ -105,6 +107,10 @@ def run_task(where: Course | Path, job: Path, student: str, *, timeout_s: int | 
         record["error"] = "; ".join(e for g in failed for e in g.errors) or None
         shutil.copyfile(private / "gradebook.db", task / "gradebook.db")
         _bring_back(private, task, student)
+    except stopping.Stopped as stop:  # the rerun grades it again (unfinished)
+        record["status"], record["error"] = "interrupted", f"stopped by {stop} before it finished"
+        record["grades"] = [asdict(g) for g in stop.grades]
+        raise
     except Exception as err:  # the task fails, with the reason in task.json and the log; the merge goes on
         frame = traceback.extract_tb(err.__traceback__)[-1]
         record["error"] = f"{type(err).__name__}: {str(err)[:300]} ({Path(frame.filename).name}:{frame.lineno})"

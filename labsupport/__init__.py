@@ -4,8 +4,9 @@ One module per idea; read any of them in one sitting:
 
 - ``hardware``: the device, the machine description, and the table of device classes (profile,
   grading time limit, whether compile pays for training).
-- ``notebooks``: the registry of the lab's notebooks (file, graded names, the rung each records).
-- ``paths``: where results, the dataset and the report live (a Google Drive folder in Colab).
+- ``notebooks``: the registry of the lab's notebooks (file, graded names, the rung each records, times).
+- ``paths``: where results, the dataset and the report live (a Google Drive folder in Colab, flushed
+  by every notebook's last cell).
 - ``dataset``: the generated lab dataset (JPEG, ImageFolder layout) and its manifest.
 - ``pipeline``: the naive input pipeline that notebooks 01 and 02 profile, and the parts of a fast one.
 - ``train``: ResNet-18 and the harness of one training step (the student's update plugs into it).

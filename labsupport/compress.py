@@ -267,8 +267,11 @@ def serving() -> Iterator[None]:
     """
     import torch._inductor.config as inductor
 
-    with quiet():
-        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer  # noqa: F401  (registers them)
+    # Below the int8 floor (a Colab torch, say) only fp32 is served: 07 stops at its int8 cell, and
+    # torchao 0.18 is not made for that torch, so it is not imported for fp32's sake.
+    if hardware.torch_problem("int8") is None:
+        with quiet():
+            import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer  # noqa: F401  (registers them)
     with quiet(), torch.no_grad(), inductor.patch(freezing=True):
         yield
 

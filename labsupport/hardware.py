@@ -54,8 +54,9 @@ class Profile:
     grades_speed: bool = True  # False for profiles too small for a speedup to mean anything
 
 
-# Why these sizes: on the CI machine class (2 cores with AMX) a ResNet-18 step at 112 px, batch 32
-# takes about 0.9 s in fp32 and bf16 autocast is 1.8x faster there, while at 32 px bf16 is *slower*
+# Why these sizes: on 2 cores of an Intel CPU with AMX (one of the 2-core machines the lab was
+# measured on) a ResNet-18 step at 112 px, batch 32 takes about 0.9 s in fp32 and bf16 autocast is
+# 1.8x faster there (1.7-2.0x with AMX or AVX-512 BF16), while at 32 px bf16 is *slower*
 # (AMX needs enough work per convolution; design brief). GPU profiles use a larger batch so the
 # GPU is busy enough that the naive input pipeline, not the model, becomes the bottleneck.
 PROFILES: dict[str, Profile] = {
@@ -362,29 +363,43 @@ def describe_machine(device: torch.device | None = None) -> Machine:
     )
 
 
-# The oldest torch whose APIs the lab uses, per device type, and why. requirements.txt and
-# pyproject.toml ask for the highest of them (a test holds them to it); setup() warns on an older torch
-# (Colab and clusters come with their own).
+# The oldest torch whose APIs the lab uses, per device type, and why (read from the code: torch 2.9
+# brought the fp32_precision TF32 settings, ls.train.exact_fp32; MPS's float16 autocast, GradScaler
+# and Inductor backend are older). pyproject.toml, which a Colab `pip install` of labsupport reads,
+# asks for the highest of these, so Colab's own torch is kept wherever it is new enough; setup() warns
+# on an older torch (Colab and clusters come with their own).
 TORCH_FLOORS: dict[str, tuple[tuple[int, int], str]] = {
-    "cpu": ((2, 11), "07's int8 quantisation (torchao 0.18 dropped torch older than 2.11) and TF32 off through "
-                     "torch.backends' fp32_precision settings (03, 04 gradient checks)"),
-    "cuda": ((2, 11), "07's int8 quantisation (torchao 0.18 dropped torch older than 2.11) and the "
-                      "fp32_precision settings (TF32 is on by default on Ampere and newer)"),
-    "mps": ((2, 11), "07's int8 quantisation (torchao 0.18 dropped torch older than 2.11), float16 autocast "
-                     "on MPS, a GradScaler that runs on MPS (no float64), Inductor's MPS backend, and the "
-                     "fp32_precision settings"),
+    "cpu": ((2, 9), "TF32 off through torch.backends' fp32_precision settings (03, 04 gradient checks)"),
+    "cuda": ((2, 9), "the fp32_precision settings (TF32 is on by default on Ampere and newer)"),
+    "mps": ((2, 9), "the fp32_precision settings, float16 autocast on MPS, a GradScaler that runs on MPS "
+                    "(no float64) and Inductor's MPS backend"),
 }
+# What only part of one notebook needs, asked for there (07's int8 cell calls require_torch("int8"));
+# requirements.txt, the full environment, asks for it too.
+FEATURE_FLOORS: dict[str, tuple[tuple[int, int], str]] = {
+    "int8": ((2, 11), "07's int8 quantisation: torchao 0.18's PT2E flow, and torchao 0.18 dropped torch "
+                      "older than 2.11"),
+}
+UPGRADE_COST = ("Upgrading torch downloads several GB (torch with its CUDA libraries, about 5 GB) and takes "
+                "minutes, and Colab then needs Runtime > Restart session")
 
 
 def torch_problem(device_type: str, version: str | None = None) -> str | None:
-    """Why this torch is too old for the lab on ``device_type``, or None."""
+    """Why this torch is too old for the lab on ``device_type`` (or for a feature of FEATURE_FLOORS), or None."""
     version = version or torch.__version__
     found = tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:2])
-    floor, why = TORCH_FLOORS[device_type]
+    floor, why = {**TORCH_FLOORS, **FEATURE_FLOORS}[device_type]
     if found < floor:
         return (f"torch {version} is older than the lab needs on {device_type} (torch {floor[0]}.{floor[1]} or "
                 f"newer: {why}); run pip install -U 'torch>={floor[0]}.{floor[1]}' torchvision")
     return None
+
+
+def require_torch(feature: str) -> None:
+    """Stop, saying what an upgrade costs, where this torch is too old for ``feature`` ("int8": 07)."""
+    problem = torch_problem(feature)
+    if problem:
+        raise RuntimeError(f"{problem}. {UPGRADE_COST}. Everything before this cell works with this torch.")
 
 
 def compile_problem(machine: Machine) -> str | None:

@@ -295,10 +295,37 @@ class Comparison:
         return f"speedup {self.speedup} over {self.speedup.n} interleaved rounds{warning}"
 
 
+# Times a timed block is tried before a measurement gives up on it (:func:`verified`): a block whose
+# ``verify`` says it was disturbed is thrown away and timed again.
+BLOCK_TRIES = 3
+
+
+class Disturbed(RuntimeError):
+    """A timed block was disturbed in every one of its :data:`BLOCK_TRIES` tries (why, in words):
+    nothing it measured counts."""
+
+
+def verified(block: Callable[[], float], side: str, verify: Callable[[str], Callable[[], str]] | None) -> float:
+    """``block()`` (a timed block of ``side``), its result once ``verify`` passes it: ``verify(side)``
+    is called before the block and returns a function called after it, which says why the block does
+    not count ("" when it does). A block that does not count is timed again, up to :data:`BLOCK_TRIES`
+    times, then :class:`Disturbed`. With ``verify`` None (one process: nothing else to watch), once."""
+    if verify is None:
+        return block()
+    why = ""
+    for _ in range(BLOCK_TRIES):
+        done = verify(side)
+        took = block()
+        why = done()
+        if not why:
+            return took
+    raise Disturbed(f"{why} (every one of {BLOCK_TRIES} tries)")
+
+
 def compare(baseline: Callable[[], object], candidate: Callable[[], object],
             device: torch.device | str, *, rounds: int, steps_per_round: int, warmup: int = 1,
             progress: bool = False, focus: Callable[[str], None] | None = None,
-            overhead_s: float = 0.0) -> Comparison:
+            overhead_s: float = 0.0, verify: Callable[[str], Callable[[], str]] | None = None) -> Comparison:
     """Speedup of ``candidate`` over ``baseline``, measured in interleaved rounds.
 
     Each round times ``steps_per_round`` calls of each side; the order alternates (A B, then
@@ -307,6 +334,8 @@ def compare(baseline: Callable[[], object], candidate: Callable[[], object],
     grader's judge stops the other side's worker there). ``overhead_s``: what each call of
     either side costs besides its work, measured apart (the grader's judge: a batch's crossing
     from a worker), taken off both sides' times; a side never counts less than a tenth of its time.
+    ``verify``: each timed block is kept only if it says so (:func:`verified`; the grader's judge:
+    the stopped side used no CPU meanwhile), else timed again, then :class:`Disturbed`.
     """
     device = torch.device(device)
     focus = focus or (lambda side: None)
@@ -316,8 +345,12 @@ def compare(baseline: Callable[[], object], candidate: Callable[[], object],
         focus("candidate")
         candidate()
 
+    def timed(fn: Callable[[], object]) -> float:
+        side = "baseline" if fn is baseline else "candidate"
+        focus(side)
+        return verified(lambda: block(fn), side, verify)
+
     def block(fn: Callable[[], object]) -> float:
-        focus("baseline" if fn is baseline else "candidate")
         sync(device)
         t0 = _clock()
         for _ in range(steps_per_round):
@@ -333,11 +366,11 @@ def compare(baseline: Callable[[], object], candidate: Callable[[], object],
     base_s, cand_s = [], []
     for r in loop:
         if r % 2 == 0:
-            base_s.append(block(baseline))
-            cand_s.append(block(candidate))
+            base_s.append(timed(baseline))
+            cand_s.append(timed(candidate))
         else:
-            cand_s.append(block(candidate))
-            base_s.append(block(baseline))
+            cand_s.append(timed(candidate))
+            base_s.append(timed(baseline))
     return Comparison(tuple(base_s), tuple(cand_s), steps_per_round)
 
 

@@ -5,11 +5,19 @@ notebook records a stage), 06's ladder (the rungs and their order), the graded c
 module grades a notebook), the code carried forward (which names a notebook hands to the later
 ones) and the instructor's ``calibrate`` (which solution cells it re-runs). A seventh notebook is
 one more row here, a master in ``autograder/source/lab/`` and a module in ``labsupport/grading/``.
+
+It also holds each notebook's times, in one place: the student's own work (``STUDENT_MINUTES``, one
+sitting each) and the compute time on every device class (``COMPUTE``, measured or estimated), which
+every notebook shows under its setup cell (:func:`sitting`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -39,8 +47,10 @@ NOTEBOOKS: tuple[Notebook, ...] = (
              ("checkpointed", "SEGMENTS", "accumulate_step"),
              "04-memory", "+memory (larger batch)", "your checkpointing (04), spent on a doubled batch",
              "03-amp"),
-    # torch.compile cannot trace 04's checkpointing (a checkpoint with a context_fn raises
-    # NotImplementedError in Dynamo, torch 2.14), so the compile rung builds on +AMP, beside +memory.
+    # torch.compile cannot trace 04's checkpointing: Dynamo takes a checkpoint's context_fn only as a
+    # module-level function or a functools.partial, and 04's is a closure (one per segment), so it
+    # raises "NotImplementedError: checkpoint not implemented for <NestedUserFunctionVariable>
+    # context_fn" (torch 2.14). The compile rung builds on +AMP, beside +memory.
     Notebook("05", "05_compile.ipynb", "torch.compile",
              ("compile_inference", "break_even_steps", "COMPILE_TRAINING"),
              "05-compile", "+compile", "torch.compile of your mixed-precision training step", "03-amp"),
@@ -77,3 +87,79 @@ def by_stage(stage: str) -> Notebook:
 def rungs() -> tuple[Notebook, ...]:
     """The notebooks that record a rung of 06's ladder, in ladder order."""
     return tuple(nb for nb in NOTEBOOKS if nb.stage)
+
+
+# --- A sitting per notebook: the student's time and the compute time per device class ----------
+
+# Minutes of the student's own work, the graded part. An
+# estimate from each master: reading its prose at 150 words a minute, a minute per line of solution
+# code (writing and debugging it), a minute per 15 lines of given code, running it three times on
+# class cpu-bf16, 20 minutes for 06's written analysis; rounded up to 15 minutes. At most 90 each.
+STUDENT_MINUTES: dict[str, int] = {"01": 90, "02": 60, "03": 45, "04": 60, "05": 45, "06": 60, "07": 60,
+                                   "08": 15}
+MAX_STUDENT_MINUTES = 90  # one sitting
+OPTIONAL_MINUTES: dict[str, int] = {"01": 30}  # an optional, ungraded part after the checks, beyond the sitting
+
+
+@dataclass(frozen=True)
+class ComputeTimes:
+    """How long the reference notebooks compute on one device class, and how we know."""
+
+    device_class: str  # a class of labsupport.hardware.CLASSES, or a GPU family's profile
+    how: str  # the machine, the command and the software; and how the estimates were made
+    seconds: dict[str, tuple[int, int]]  # notebook -> (low, high) seconds
+    measured: tuple[str, ...] = ()  # the notebooks whose seconds were measured (low == high); the rest estimated
+
+
+_CPU_BF16 = {"01": 115, "02": 49, "03": 50, "04": 59, "05": 102, "06": 18, "07": 94, "08": 44}
+_CPU = {"01": 73, "02": 85, "03": 274, "04": 134, "05": 207, "06": 42, "07": 314, "08": 96}
+_T4 = {"01": (180, 300), "02": (240, 360), "03": (240, 360), "04": (180, 300), "05": (360, 600),
+       "06": (60, 180), "07": (360, 600), "08": (120, 180)}
+# Seconds of each notebook's graded checks on one H200 (accept --parts checks, 2026-11-26; README).
+_H200_CHECKS = {"03": 13, "04": 13, "05": 23, "06": 86, "07": 92, "08": 0}
+ALL = tuple(nb.number for nb in NOTEBOOKS)
+
+COMPUTE: tuple[ComputeTimes, ...] = (
+    ComputeTimes("cpu-bf16", "make run on main ad4a1c8 (2026-11-29): 2 cores of an AMD EPYC with AVX-512 BF16 "
+                 "and no AMX, 112 px, batch 32, torch 2.14", {n: (s, s) for n, s in _CPU_BF16.items()}, ALL),
+    ComputeTimes("cpu", "make run: 2 cores of an AMD EPYC with AVX2 only (no AVX-512, no AMX), 64 px, batch 32, "
+                 "torch 2.14 (07 executed alone with nbclient)", {n: (s, s) for n, s in _CPU.items()}, ALL),
+    ComputeTimes("cuda-tensorcore-xl", "an H200, torch 2.11 (2026-11-26): 01 measured under make run, 02 its cells "
+                 "169 s and its checks 176 s measured apart; 03-08 estimated as one to two times their graded "
+                 "checks' seconds there (accept --parts checks), plus a minute",
+                 {"01": (293, 293), "02": (345, 345),
+                  **{n: (s + 60, 2 * s + 120) for n, s in _H200_CHECKS.items()}}, ("01", "02")),
+    ComputeTimes("cuda-tensorcore", "estimated, not measured (a Colab T4): the naive loader's PIL decoding on "
+                 "Colab's 2 vCPUs (300-400 images/s a core) sets 01 and 02; the others from the T4-sized step "
+                 "(about 15 ms in fp16) and compiles of minutes", _T4),
+    ComputeTimes("cuda", "estimated, not measured (an older GPU, a P100 say): the T4's estimate times 1-1.5 "
+                 "(fp16 without tensor cores, nothing compiled)",
+                 {n: (a, round(1.5 * b)) for n, (a, b) in _T4.items()}),
+    ComputeTimes("mps", "estimated, not measured (Apple silicon): class cpu-bf16's measured times, times 1-3 "
+                 "(the same image size, twice the batch)", {n: (s, 3 * s) for n, s in _CPU_BF16.items()}),
+)
+
+
+def _span(low: int, high: int) -> str:
+    if high < 120:
+        return f"{low} s" if low == high else f"{low}-{high} s"
+    return f"{low / 60:.0f} min" if low == high else f"{low / 60:.0f}-{high / 60:.0f} min"
+
+
+def sitting(number: str, lab=None) -> "pd.DataFrame":
+    """Notebook ``number``'s time: the student's work, and its compute time on each device class,
+    measured or estimated, with ``lab``'s class marked (the table every notebook shows under its
+    setup cell)."""
+    import pandas as pd
+
+    nb = get(number)
+    extra = (f" (and about {OPTIONAL_MINUTES[number]} more for the optional part)"
+             if number in OPTIONAL_MINUTES else "")
+    print(f"{nb.number} · {nb.title}: about {STUDENT_MINUTES[number]} minutes of your own work{extra}, an estimate; "
+          "the notebook computes for the time below on your machine's class:")
+    here = lab.machine.profile if lab is not None else None  # its class, or its GPU family's profile
+    rows = {times.device_class: {"compute": _span(*times.seconds[number]),
+                                 "": "measured" if number in times.measured else "estimated",
+                                 "this machine": "<-" if times.device_class == here else "",
+                                 "how": times.how} for times in COMPUTE}
+    return pd.DataFrame(rows).T.rename_axis("device class (profile)")

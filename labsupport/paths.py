@@ -88,3 +88,30 @@ def use_drive_in_colab() -> Path | None:
     print(f"Lab folder on Google Drive: {DRIVE_FOLDER} (results, your carried code and the report persist "
           f"there; the dataset is generated on this runtime's disk, {COLAB_DATA})")
     return DRIVE_FOLDER
+
+
+def finish() -> bool:
+    """The last cell of every notebook: in Colab, write what is pending to Google Drive; True if it did.
+
+    Colab's Drive mount writes back in the background, so results recorded in a notebook's last
+    minutes can be missing from the next notebook's runtime. ``drive.flush_and_unmount`` waits
+    until every write has reached Drive; mounting again at once keeps the lab folder usable in this
+    runtime (should that fail, ``LAB_HOME`` is dropped, so that nothing is written to the empty
+    mount point, and the next ``ls.setup()`` mounts Drive again). Does nothing outside Colab, or
+    where Drive is not the lab folder.
+    """
+    folder = home()
+    if not in_colab() or folder is None or Path(DRIVE_MOUNT) not in folder.parents:
+        return False
+    from google.colab import drive
+
+    drive.flush_and_unmount()
+    try:
+        drive.mount(DRIVE_MOUNT)
+    except Exception as err:  # remounting asks again, and can be declined: Drive has what was written
+        os.environ.pop("LAB_HOME", None)
+        print(f"Google Drive has this notebook's results; it is not mounted again ({type(err).__name__}: "
+              f"{err}): run the setup cell again before recording anything more in this runtime.")
+        return True
+    print(f"Saved to Google Drive: {folder} holds this notebook's results for the next notebook.")
+    return True

@@ -58,6 +58,7 @@ class Ladder:
     # Rungs recorded on another machine, left out of the table: {stage: "device name (class)"}.
     # measure_here() measures them again on this one, from the student's carried code.
     elsewhere: dict = field(default_factory=dict)
+    directory: Path | None = None  # the results store it was read from (the roofline's peaks are kept there)
 
 
 def _where(machine: dict) -> str:
@@ -99,7 +100,7 @@ def ladder(directory: Path | str | None = None, machine: dict | None = None,
         setups[stage] = _setup(rec)
     frame = pd.DataFrame(rows, columns=None if rows else ["stage", "batch", "change", "samples_per_s"])
     table = assemble(frame.copy()) if assemble else pd.DataFrame(columns=list(COLUMNS))
-    return Ladder(table, frame, missing, machine or {}, setups, elsewhere)
+    return Ladder(table, frame, missing, machine or {}, setups, elsewhere, Path(directory) if directory else None)
 
 
 # What a rung's record may say about its step, for the roofline (records come from results
@@ -219,50 +220,79 @@ def rung_details(lad: Ladder) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("rung") if rows else pd.DataFrame()
 
 
-def roofline(lad: Ladder, device: "torch.device | str", peaks: dict[str, float] | None = None) -> pd.DataFrame:
-    """How close each rung's step runs to what ``device`` can do.
+def roofline_html(lad: Ladder) -> list[str]:
+    """The report's roofline section (:func:`labsupport.roofline.html_section`), where the rungs were
+    measured on this machine (the peak is this machine's); else nothing."""
+    from . import roofline as roof
+    from .hardware import describe_machine
 
-    Per recorded rung: the FLOPs of one training image (:func:`train.step_flops`, counted on the
-    step itself), times its images/s, against the achievable peak of a dense matmul in the rung's
-    dtype on this device (:func:`measure.matmul_peak`, measured now unless ``peaks`` gives FLOP/s
-    by dtype name). A rung near 100% is compute-bound at its arithmetic's limit: only cheaper
-    arithmetic (a 16-bit dtype) or less work can pay there; one far below it waits on something
-    else (data, launches, memory traffic). The counter counts matmuls and convolutions only.
-    """
+    here = describe_machine()
+    if not lad.machine or not hardware.same_machine(lad.machine, here.as_dict()):
+        return []
+    return roof.html_section(lad, roof.peaks(here.device, lad.machine, roof.wanted(lad), lad.directory), _table)
+
+
+def roofline(lad: Ladder, device: "torch.device | str", peaks: dict[str, dict] | None = None) -> pd.DataFrame:
+    """How close each rung's step runs to what ``device`` can do (:func:`labsupport.roofline.table`):
+    its FLOP/s against the theoretical peak in its dtype, beside the best kernel measured. ``peaks``
+    (default: :func:`labsupport.roofline.peaks`, measured once per run and kept in the ladder's
+    results store, so ``make run``'s table and this report read one value) gives them by dtype."""
     import torch
 
-    from . import hardware, measure, train
+    from . import hardware, roofline as roof
 
     hardware.quiet_library_logs(torch.device(device))  # torch.utils.benchmark's import warns off CUDA
-    peaks, counted = dict(peaks or {}), {}
-    rows = []
-    for _, rec in lad.rows.iterrows():
-        setup = lad.setups.get(rec["stage"], {})
-        size, dtype = setup.get("image_size"), setup.get("amp_dtype") or "float32"
-        if dtype not in SETUP_DTYPES or type(size) is not int or size not in SETUP_SIZES:
-            continue  # not a step the lab runs (ladder() drops such values from records already)
-        per_s = rec.get("samples_per_s")
-        if not size or per_s is None or pd.isna(per_s):
-            continue
-        if dtype not in peaks:
-            peaks[dtype] = measure.matmul_peak(device, getattr(torch, dtype)).median
-        per_image = counted.setdefault(size, train.step_flops(size))
-        flops = per_image * float(per_s)
-        rows.append({"rung": dict(RUNGS).get(rec["stage"], rec["stage"]), "dtype": dtype,
-                     "GFLOP per image": per_image / 1e9, "samples/s": float(per_s),
-                     "GFLOP/s": flops / 1e9, "peak GFLOP/s (matmul)": peaks[dtype] / 1e9,
-                     "% of peak": 100 * flops / peaks[dtype]})
-    return pd.DataFrame(rows).set_index("rung") if rows else pd.DataFrame()
+    if peaks is None:
+        peaks = roof.peaks(device, lad.machine, roof.wanted(lad), lad.directory)
+    return roof.table(lad, peaks)
 
 
 def phases(lad: Ladder) -> pd.DataFrame:
-    """Milliseconds per phase of a step (median), one row per rung that recorded a breakdown."""
+    """Milliseconds per phase of a rung's step, adding up to the step time the ladder gives it.
+
+    The breakdown (:func:`labsupport.train.phase_breakdown`) runs on the rung's own step and loader
+    right after its timed steps, synchronising at every phase boundary: its *shares* are what it
+    measures (:class:`labsupport.measure.PhaseClock`), so each share is drawn on the rung's timed
+    median step, and a breakdown whose stamped steps took far longer or shorter than the timed ones
+    is named in :func:`phase_mismatches`. A rung without a median step, or timed from outside by the
+    grader's judge (its data wait only), keeps its stamped times.
+    """
     from .train import PHASES
 
-    labels = dict(RUNGS)
-    rows = {labels.get(rec["stage"], rec["stage"]): rec["phases_ms"] for _, rec in lad.rows.iterrows()
-            if isinstance(rec.get("phases_ms"), dict)}
+    labels, rows = dict(RUNGS), {}
+    for _, rec in lad.rows.iterrows():
+        stamped = rec.get("phases_ms")
+        if not isinstance(stamped, dict):
+            continue
+        stamped = {p: float(v) for p, v in stamped.items() if p in PHASES and isinstance(v, (int, float))}
+        total, median = sum(stamped.values()), rec.get("median_ms")
+        whole = set(stamped) == set(PHASES) and total > 0 and isinstance(median, (int, float)) and median > 0
+        scale = median / total if whole else 1.0
+        rows[labels.get(rec["stage"], rec["stage"])] = {p: v * scale for p, v in stamped.items()}
     return pd.DataFrame(rows).T.reindex(columns=list(PHASES)) if rows else pd.DataFrame()
+
+
+# A breakdown whose stamped steps summed to more than this factor off the timed median step was
+# measured under other conditions than the step it describes (the issue-63 baseline: 1,580 ms
+# stamped against a 368 ms median): the report says so beside the chart.
+PHASE_MISMATCH = 1.25
+
+
+def phase_mismatches(lad: Ladder) -> list[str]:
+    """The rungs whose breakdown's stamped steps took far longer or shorter than their timed ones."""
+    from .train import PHASES
+
+    labels, out = dict(RUNGS), []
+    for _, rec in lad.rows.iterrows():
+        stamped, median = rec.get("phases_ms"), rec.get("median_ms")
+        if not isinstance(stamped, dict) or set(stamped) != set(PHASES) or not isinstance(median, (int, float)) \
+                or median <= 0:
+            continue
+        total = sum(v for v in stamped.values() if isinstance(v, (int, float)))
+        if total > 0 and not 1 / PHASE_MISMATCH <= total / median <= PHASE_MISMATCH:
+            out.append(f"{labels.get(rec['stage'], rec['stage'])}: its breakdown's steps took {total:,.0f} ms "
+                       f"against a timed median of {median:,.0f} ms; the chart draws its shares on the timed step")
+    return out
 
 
 def case_study(lad: Ladder) -> pd.DataFrame:
@@ -316,17 +346,24 @@ def plots(lad: Ladder) -> dict[str, object]:
         for phase, colour in zip(ph.columns, colours):
             ax.barh(ph.index[::-1], ph[phase][::-1], left=left[::-1], label=phase, color=colour)
             left += ph[phase].fillna(0)
-        ax.set(xlabel="ms per step (median of each phase, synchronised at each boundary)",
+        ax.set(xlabel="ms per step: the rung's median step, split by its measured phase shares",
                title="Where a step's time goes")
-        ax.legend(loc="lower right", fontsize="small")
+        # Below the axes, not on them: inside, it covered the end of the longest bar.
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(ph.columns), fontsize="small",
+                  frameon=False)
         figures["breakdown"] = fig
     mem = t.dropna(subset=["peak MiB"]) if "peak MiB" in t else pd.DataFrame()
     if not mem.empty:
         fig = Figure(figsize=(6, 3.6))
         ax = fig.subplots()
-        ax.scatter(mem["samples/s"], mem["peak MiB"], color="#dd8452")
-        for label, row in mem.iterrows():
-            ax.annotate(label, (row["samples/s"], row["peak MiB"]), textcoords="offset points", xytext=(5, 4))
+        # One marker and colour per rung, named in a legend: labels written beside the points
+        # overlapped where two rungs sit close (+data beside the baseline; issue 63).
+        markers, colours = "osD^v", ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
+        for i, (label, row) in enumerate(mem.iterrows()):
+            ax.scatter(row["samples/s"], row["peak MiB"], marker=markers[i % 5], color=colours[i % 5], s=50,
+                       label=label)
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+        ax.margins(0.15)
         ax.set(xlabel="samples/s", ylabel="peak memory of a step (MiB)", title="Memory against throughput")
         figures["memory"] = fig
     if "speedup (cumulative)" in t and t["speedup (cumulative)"].notna().any():
@@ -397,17 +434,7 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
         if not details.empty:
             parts += ['<h2 id="rungs">Each rung: what changed, spread, memory</h2>',
                       _table(details, "rungs", float_format=lambda v: f"{v:,.1f}")]
-        from .hardware import describe_machine
-
-        here = describe_machine()
-        if lad.machine and hardware.same_machine(lad.machine, here.as_dict()):  # the peak is this machine's
-            roof = roofline(lad, here.device)
-            if not roof.empty:
-                parts += ['<h2 id="roofline">How close to the machine\'s limit</h2>',
-                          "<p>FLOPs of a training image counted on the step (matmuls and convolutions; "
-                          "not elementwise operators or data movement), times the rung's images/s, "
-                          "against a dense matmul in the rung's dtype on this machine, measured now.</p>",
-                          _table(roof, "roofline", float_format=lambda v: f"{v:,.1f}")]
+        parts += roofline_html(lad)
     if lad.missing:
         parts += ['<h2 id="missing">Missing stages</h2>', "<ul>"] + \
                  [f"<li>{html.escape(m)}</li>" for m in lad.missing] + ["</ul>"]
@@ -415,6 +442,9 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
         parts.append('<h2 id="plots">Plots</h2>')
     for name, fig in figures.items():
         parts.append(figure_html(fig, f"{name} plot"))
+        if name == "breakdown" and phase_mismatches(lad):
+            parts.append("<p><small>Breakdowns measured off their step's time: " +
+                         "; ".join(html.escape(m) for m in phase_mismatches(lad)) + ".</small></p>")
     parts += ['<h2 id="case-study">The published ladder beside yours</h2>',
               f"<p>{html.escape(CASE_STUDY_HARDWARE)}: compare the shape of the two ladders, not their "
               "values.</p>", _table(case_study(lad), "case-study", index=False, float_format=lambda v: f"{v:.2f}x")]
@@ -433,10 +463,18 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
     for name, frame in (extra or {}).items():
         parts += [f"<h2>{html.escape(name)}</h2>", _table(frame, "extra")]
     parts.append('<h2 id="analysis">Analysis</h2>')
-    parts.append(f'<div class="analysis">{html.escape(analysis)}</div>' if analysis.strip() else
+    parts.append(f'<div class="analysis">{markdown_html(analysis)}</div>' if analysis.strip() else
                  "<p>The written analysis is in 06_report.ipynb (its notebook was not beside the kernel "
                  "that exported this page).</p>")
     return write_page(path, title, parts)
+
+
+def markdown_html(text: str) -> str:
+    """The student's Markdown as HTML (mistune, nbconvert's own renderer), raw HTML in it escaped:
+    a report an instructor opens never runs a script a student typed."""
+    import mistune
+
+    return mistune.create_markdown(escape=True, plugins=["table", "strikethrough"])(text)
 
 
 INFERENCE_STAGE = "07-inference"
@@ -464,11 +502,15 @@ def figure_html(fig, alt: str) -> str:
 def write_page(path: Path | str, title: str, parts: list[str]) -> Path:
     """Write one self-contained HTML page of ``parts`` (HTML snippets) with the report's style.
     """
-    style = ("body{font-family:system-ui,sans-serif;max-width:60em;margin:1em auto;padding:0 1em;color:#222}"
+    style = ("body{font-family:system-ui,sans-serif;max-width:75em;margin:1em auto;padding:0 1em;color:#222}"
              ".scroll{overflow-x:auto}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}"
              "th{background:#f3f3f3}"
-             "img{max-width:100%;height:auto}figure{margin:1em 0}.analysis{white-space:pre-wrap}")
+             "img{max-width:100%;height:auto}figure{margin:1em 0}"
+             # Each rung's details table needs about 1,000 px (issue 63: at 60em its last column was
+             # cut off at 1280 px): the page is 75em wide and cells wrap at spaces; a phone scrolls it.
+             "table{max-width:100%}td,th{overflow-wrap:break-word}.dataframe{font-size:.9em}"
+             ".analysis code{background:#f3f3f3;padding:0 .2em}")
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")

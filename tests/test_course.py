@@ -115,10 +115,11 @@ def test_make_tests_file_order_starts_with_the_longest_files_and_needs_no_entry_
     assert [p.stat().st_size for p in rest] == sorted((p.stat().st_size for p in rest), reverse=True)
 
 
-def test_the_setup_cell_keeps_an_old_torch_and_says_what_to_do(monkeypatch):
+def test_the_setup_cell_keeps_an_old_torch_and_says_what_to_do(monkeypatch, capsys):
     """In Colab the setup cell installs labsupport on top of the runtime's torch. Below the floor
-    pyproject.toml states it stops with what to run, instead of letting pip replace torch (GBs,
-    in every runtime); the floor is the one the package declares."""
+    pyproject.toml states it stops, saying what an upgrade costs before asking for one, instead of
+    letting pip replace torch (GBs, in every runtime); the floor is the one the package declares.
+    Between it and 07's int8 floor it installs, and says that only 07's int8 cell will ask."""
     import importlib.metadata
     import importlib.util
     import re
@@ -133,9 +134,22 @@ def test_the_setup_cell_keeps_an_old_torch_and_says_what_to_do(monkeypatch):
     installed = []
     monkeypatch.setattr(subprocess, "run", lambda argv, **kw: installed.append(argv))
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.4.1+cu121")
-    with pytest.raises(RuntimeError, match=rf"torch is 2\.4\.1\+cu121; the lab needs {floor[0]}\.{floor[1]} or newer"):
+    with pytest.raises(RuntimeError, match=rf"torch is 2\.4\.1\+cu121; the lab needs {floor[0]}\.{floor[1]} or newer") as stop:
         exec(compile(source, "setup", "exec"), {})
     assert installed == []
+    said = str(stop.value)
+    assert "several GB" in said and "minutes" in said and said.index("GB") < said.index("pip install -U"), said
+    from labsupport import hardware
+
+    int8 = hardware.FEATURE_FLOORS["int8"][0]
+    assert f"< ({int8[0]}, {int8[1]})" in source
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: f"{int8[0]}.{int8[1] - 1}.0")
+    monkeypatch.setitem(sys.modules, "labsupport", None)
+    with pytest.raises(ModuleNotFoundError):
+        exec(compile(source, "setup", "exec"), {})
+    assert installed and "07's int8" in capsys.readouterr().out
+    installed.clear()
+    monkeypatch.delitem(sys.modules, "labsupport")
     monkeypatch.setattr(importlib.metadata, "version", lambda name: f"{floor[0]}.{floor[1]}.0")
     monkeypatch.setitem(sys.modules, "labsupport", None)  # "installed", but not importable here
     with pytest.raises(ModuleNotFoundError):
@@ -251,3 +265,37 @@ def test_the_readme_tree_names_every_module_on_a_line_of_its_own():
                for p in sorted((repo / folder).glob("*.py")) if p.name != "__init__.py"]
     missing = [str(p.relative_to(repo)) for p in modules if p.name not in listed]
     assert not missing, f"add a line for each to README.md's tree: {missing}"
+
+
+@pytest.mark.parametrize("master", MASTERS, ids=lambda p: p.stem)
+def test_every_notebook_states_its_times_and_ends_by_saving_to_drive(master):
+    """A sitting per notebook: under the setup cell, a locked cell shows the lab's table of this
+    notebook's times (the student's work, at most 90 minutes, and the compute time on every device
+    class, measured or estimated, each saying how); the last cell saves Colab's Drive."""
+    from labsupport import hardware, notebooks
+
+    nb, number = _read(master), master.stem[:2]
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    sitting = code[1]
+    assert sitting.source.startswith(f'ls.notebooks.sitting("{number}", lab)'), (
+        f"{master.name}: the cell under the setup cell must show ls.notebooks.sitting(\"{number}\", lab)")
+    assert sitting.metadata.get("nbgrader", {}).get("locked"), f"{master.name}: lock the times cell"
+    assert "**Time.**" in nb.cells[0].source and "table under the setup cell" in nb.cells[0].source
+    assert 0 < notebooks.STUDENT_MINUTES[number] <= notebooks.MAX_STUDENT_MINUTES, (
+        f"{master.name}: {notebooks.STUDENT_MINUTES.get(number)} minutes of student work is not one sitting")
+    classes = {times.device_class for times in notebooks.COMPUTE}
+    assert set(hardware.CLASSES) <= classes | {"cuda-tensorcore-xl"}, set(hardware.CLASSES) - classes
+    for times in notebooks.COMPUTE:
+        low, high = times.seconds[number]
+        assert 0 < low <= high and times.how, (master.name, times.device_class)
+        assert (low == high) if number in times.measured else ("estimat" in times.how), (
+            f"{master.name}, {times.device_class}: a measured time is one figure; an estimate says how it was made")
+    table = notebooks.sitting(number)
+    assert set(table.index) == classes and set(table[""]) <= {"measured", "estimated"}
+    from types import SimpleNamespace
+
+    here = notebooks.sitting(number, SimpleNamespace(machine=SimpleNamespace(profile="cpu-bf16")))["this machine"]
+    assert list(here[here != ""].index) == ["cpu-bf16"], "the table marks the class it runs on"
+    last = code[-1]
+    assert "\nls.paths.finish()" in last.source, f"{master.name}: end with ls.paths.finish()"
+    assert last.metadata.get("nbgrader", {}).get("locked"), f"{master.name}: lock the last cell"

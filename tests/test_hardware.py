@@ -168,22 +168,46 @@ def test_compile_is_not_graded_on_gpus_older_than_compute_capability_7():
 
 
 def test_the_torch_floor_is_right_per_platform():
-    """requirements.txt and pyproject.toml ask for the newest torch any device type needs, and an
-    older torch is named with what it lacks on that device."""
+    """requirements.txt (the full environment) asks for the newest torch anything needs; pyproject.toml,
+    what a Colab `pip install` of labsupport reads, asks for what every device type needs and no more,
+    so Colab's own torch is kept where it is new enough; an older torch is named with what it lacks."""
     import re
 
     from labsupport import hardware
 
     checkout = Path(__file__).resolve().parents[1]
-    need = max(floor for floor, _ in hardware.TORCH_FLOORS.values())
-    for name in ("requirements.txt", "pyproject.toml"):
+    lab = max(floor for floor, _ in hardware.TORCH_FLOORS.values())
+    anything = max(floor for floor, _ in {**hardware.TORCH_FLOORS, **hardware.FEATURE_FLOORS}.values())
+    for name, need in (("requirements.txt", anything), ("pyproject.toml", lab)):
         asked = re.search(r"torch>=(\d+)\.(\d+)", (checkout / name).read_text())
         assert asked and (int(asked[1]), int(asked[2])) >= need, name
-    assert "MPS" in hardware.torch_problem("mps", "2.5.1") and "2.11" in hardware.torch_problem("mps", "2.5.1")
-    assert "torchao" in hardware.torch_problem("cpu", "2.10.0")
+    asked = re.search(r"torch>=(\d+)\.(\d+)", (checkout / "pyproject.toml").read_text())
+    assert (int(asked[1]), int(asked[2])) == lab, "pyproject.toml asks for more than the lab needs: Colab's torch is replaced"
+    assert "MPS" in hardware.torch_problem("mps", "2.5.1") and "2.9" in hardware.torch_problem("mps", "2.5.1")
+    assert "torchao" in hardware.torch_problem("int8", "2.10.0") and hardware.torch_problem("cpu", "2.10.0") is None
     assert hardware.torch_problem("cuda", "2.8.0+cu128") is not None
     assert hardware.torch_problem("cpu", "2.14.1+cu130") is None
     assert hardware.torch_problem("cpu", torch.__version__) is None
+
+
+def test_require_torch_says_what_an_upgrade_costs(monkeypatch):
+    """07's int8 cell stops on a torch older than its floor, saying the upgrade's cost, and passes on a
+    new one; 07's fp32 serving does not import torchao on the older torch."""
+    from labsupport import hardware
+
+    monkeypatch.setattr(torch, "__version__", "2.10.0+cu126")
+    with pytest.raises(RuntimeError, match="several GB.*Restart session"):
+        hardware.require_torch("int8")
+    import sys
+
+    from labsupport import compress
+
+    # 07's fp32 serving runs on that torch without torchao (made for 2.11): here it cannot import
+    monkeypatch.setitem(sys.modules, "torchao.quantization.pt2e.quantizer.x86_inductor_quantizer", None)
+    with compress.serving():
+        pass
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    hardware.require_torch("int8")
 
 
 def test_bf16_means_native_bf16_on_a_gpu(monkeypatch):
@@ -266,3 +290,79 @@ def test_torch_2_11s_profiler_warning_is_quieted_and_others_are_not():
                       "cycle will be reported.To keep events across cycles, set acc_events=True.", UserWarning)
         warnings.warn("a student's own warning", UserWarning)
     assert [str(w.message) for w in caught] == ["a student's own warning"]
+
+
+ZEN4 = {"vendor": "AuthenticAMD", "family": 25, "model": 0x11, "flags": {"avx2", "fma", "avx512f", "avx512_bf16"},
+        "mhz": 2596.0}
+
+
+@pytest.mark.parametrize("info, dtype, units, expected", [
+    (ZEN4, "float32", "avx512_bf16", 32),  # two 256-bit FMA pipes, AVX-512 on both halves
+    (ZEN4, "bfloat16", "avx512_bf16", 64),  # the dot product: two bf16 products per fp32 lane
+    (ZEN4, "bfloat16", "none", 32),  # ONEDNN_MAX_CPU_ISA=AVX2: bf16 emulated through fp32
+    ({**ZEN4, "family": 26}, "float32", "avx512_bf16", 64),  # Zen 5: 512-bit pipes
+    ({"vendor": "GenuineIntel", "family": 6, "model": 143, "flags": {"avx2", "fma", "avx512f", "amx_bf16"}},
+     "bfloat16", "amx", 1024),
+    ({"vendor": "GenuineIntel", "family": 6, "model": 143, "flags": {"avx2", "fma", "avx512f", "amx_bf16"}},
+     "float32", "amx", 64),
+    ({"vendor": "GenuineIntel", "family": 6, "model": 85, "flags": {"avx2", "fma"}}, "float32", "none", 32),
+    ({"vendor": "", "family": -1, "flags": set()}, "float32", "none", None),  # an unknown core: said, not guessed
+], ids=["zen4-fp32", "zen4-bf16", "zen4-bf16-capped", "zen5-fp32", "spr-amx-bf16", "spr-fp32", "avx2", "unknown"])
+def test_flops_per_cycle_per_core_kind_and_dtype(info, dtype, units, expected):
+    from labsupport import roofline
+
+    assert roofline.flops_per_cycle(info, dtype, units)[0] == expected
+
+
+def test_the_clock_is_sysfs_max_or_a_family_bound_and_never_proc_cpuinfos_current_one(monkeypatch):
+    """A VM without cpufreq (the lab's 2-core EPYC) shows 2596 MHz in /proc/cpuinfo: its nominal
+    clock, which boost exceeds, so never a bound. The fastest part of its family bounds it; an
+    unknown CPU's clock is said to be unknown, and LAB_CPU_MAX_GHZ (a datasheet's) overrides."""
+    from labsupport import roofline
+
+    monkeypatch.delenv("LAB_CPU_MAX_GHZ", raising=False)
+    ghz, how = roofline.cpu_clock_ghz(ZEN4, cpus=[10**6])  # a cpu number sysfs has no folder for
+    assert ghz == 4.4 and "Genoa" in how and "not exposed" in how
+    ghz, how = roofline.cpu_clock_ghz({**ZEN4, "vendor": "HygonGenuine"}, cpus=[10**6])
+    assert ghz is None and "2596 MHz" in how and "LAB_CPU_MAX_GHZ" in how
+    monkeypatch.setenv("LAB_CPU_MAX_GHZ", "3.7")
+    assert roofline.cpu_clock_ghz({}, cpus=[10**6]) == (3.7, "LAB_CPU_MAX_GHZ")
+    bound = roofline.theoretical("cpu", "bfloat16", cores=2, units="avx512_bf16", info=ZEN4)
+    assert bound.flops_per_s == pytest.approx(2 * 3.7e9 * 64) and "2 cores" in bound.how
+
+
+def test_the_theoretical_peak_bounds_every_kernel_measured_on_this_machine():
+    """Issue 63: the "peak" make run printed was exceeded by two rungs (119%, 132%). The theoretical
+    peak of this machine bounds every kernel measured here: matmuls at several sizes and the step's
+    3x3 convolutions in both layouts, float32 and (with bf16 units) bfloat16."""
+    from labsupport import roofline
+    from labsupport.hardware import describe_machine
+
+    machine = describe_machine()
+    for dtype in ("float32",) + (("bfloat16",) if machine.cpu_bf16_units != "none" else ()):
+        bound = roofline.theoretical("cpu", dtype)
+        if bound.flops_per_s is None:
+            pytest.skip(f"this machine's theoretical peak cannot be known: {bound.how}")
+        for kernel in roofline.kernels("cpu", dtype, image_size=64, batch_size=8, min_run_time_s=0.05):
+            assert kernel["GFLOP/s"] * 1e9 <= bound.flops_per_s, (dtype, kernel, bound.how)
+
+
+def test_a_gpus_theoretical_peak_is_sms_times_clock_times_its_tensor_rate(monkeypatch):
+    """An H100 SXM (132 SMs, 1.83 GHz): 989 dense fp16/bf16 TFLOPS, the datasheet's; float32 at
+    TF32's half of it (a bound whether TF32 is on or not); a T4 (7.5) has no native bf16, so its
+    bf16 bound is its float32 one; a torch that does not report the clock gets no figure."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from labsupport import roofline
+
+    gpu = SimpleNamespace(major=9, minor=0, multi_processor_count=132, clock_rate=1.83e6)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: gpu)
+    assert roofline.theoretical("cuda", "bfloat16").flops_per_s == pytest.approx(989.4e12, rel=1e-3)
+    assert roofline.theoretical("cuda", "float32").flops_per_s == pytest.approx(989.4e12 / 2, rel=1e-3)
+    gpu.major, gpu.minor, gpu.multi_processor_count, gpu.clock_rate = 7, 5, 40, 1.59e6
+    assert roofline.theoretical("cuda", "float16").flops_per_s == pytest.approx(65e12, rel=0.01)
+    assert roofline.theoretical("cuda", "bfloat16").flops_per_s == pytest.approx(65e12 / 2, rel=0.01)
+    del gpu.clock_rate
+    assert roofline.theoretical("cuda", "float16").flops_per_s is None

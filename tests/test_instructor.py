@@ -568,6 +568,11 @@ def test_calibration_file_is_written_and_used_by_grading(tmp_path, monkeypatch, 
     assert [(v["notebook"], v.get("judge")) for v in verdicts] == [("02", True)], verdicts
     written = tomllib.loads(path.read_text())["measured"]["02-loader-speedup"]
     assert written == [pytest.approx(verdicts[0]["checks"]["02-loader-speedup"]["measured"], rel=1e-3)]
+    # and the baseline's own figures in that run, which grading compares a verdict's with
+    baseline = tomllib.loads(path.read_text())["baseline"]["02-loader-speedup"]
+    said = verdicts[0]["checks"]["02-loader-speedup"]["baseline"]
+    assert set(baseline) == {"baseline_step_ms", "crossing_ms"} and \
+        baseline["baseline_step_ms"] == [pytest.approx(said["baseline_step_ms"], rel=1e-3)], (baseline, said)
     monkeypatch.setenv("LAB_CALIBRATION", str(path))
     lab = grading.grading_lab()  # at the profile calibrate measured at (LAB_PROFILE, read once here)
     machine = lab.machine.as_dict()

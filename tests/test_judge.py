@@ -6,7 +6,9 @@ Each submission here is carried code as a careless or clever student writes it, 
 judge exactly as the grader hands it (``inputs/code/NN.py``, and for 06 the rungs and the
 report), at the tiny profile; where speed
 matters, at ``tiny:grades_speed=1``. The sandboxed cases need root and bubblewrap (``make test``
-installs it) and skip visibly without them.
+installs it) and skip visibly without them; those that grade speed need cgroup v2 groups (root),
+where the judge freezes one worker while it times the other, and skip visibly without them (a
+judge with none grades no speed comparing two sides: those checks are "not measured").
 """
 
 from __future__ import annotations
@@ -15,18 +17,21 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from autograder import sandbox
-from labsupport.grading import wire
+from autograder import deciding, sandbox
+from labsupport.grading import cgroups, judging, wire
 from labsupport.hardware import describe_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_sandbox = pytest.mark.skipif(sandbox.problem() is not None,
                                    reason=f"no grading sandbox here: {sandbox.problem()}")
+needs_cgroups = pytest.mark.skipif(cgroups.problem() is not None,
+                                   reason=f"no cgroup v2 groups here: {cgroups.problem()}")
 
 
 @pytest.fixture(scope="module")
@@ -76,17 +81,23 @@ def judge(tmp_path, tiny_data, code: str | None, *, notebook: str = "02", earlie
         if path != Path("/"):
             path.chmod(path.stat().st_mode | 0o055)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    prefix = prefix or []
-    if boxed:
-        prefix = sandbox.Sandbox(writable=(), readable=(ROOT, Path(tiny_data), inputs)).command([], cwd=Path("/tmp"))
+    prefix, groups, grouped = prefix or [], {}, {}
+    if boxed:  # as the grader boxes a judge's workers: each in its sandbox, joining a cgroup of its own
+        box = sandbox.Sandbox(writable=(), readable=(ROOT, Path(tiny_data), inputs))
+        prefix = box.command([], cwd=Path("/tmp"))
+        groups, grouped = deciding.worker_groups(notebook, box, [])
     spec = {"notebook": notebook, "profile": profile,
             "thresholds": str(thresholds or ROOT / "labsupport" / "thresholds.toml"),
             "calibration": None, "data": str(tiny_data), "inputs": str(inputs), "judged": str(judged),
             "out": str(tmp_path / "verdict.json"), "sandbox": prefix, "env": env,
-            "reply_timeout_s": reply_timeout_s}
+            "reply_timeout_s": reply_timeout_s, **grouped}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    done = subprocess.run([sys.executable, "-P", "-m", "labsupport.grading.judging", str(tmp_path / "spec.json")],
-                          env={**env, "OMP_WAIT_POLICY": "PASSIVE"}, capture_output=True, text=True, timeout=600)
+    try:
+        done = subprocess.run([sys.executable, "-P", "-m", "labsupport.grading.judging", str(tmp_path / "spec.json")],
+                              env={**env, "OMP_WAIT_POLICY": "PASSIVE"}, capture_output=True, text=True, timeout=600)
+    finally:
+        for group in groups.values():
+            assert group.remove(), f"the judge's {group.path} could not be emptied and removed"
     if boxed:
         sandbox.kill_all()
     assert done.returncode == 0, done.stderr[-2000:]
@@ -168,6 +179,7 @@ def make_fast_loader(lab, split="train", augment=True):
 '''
 
 
+@needs_cgroups  # its plain half grades 02's speed, which a judge with no cgroup does not (it is "not measured")
 def test_code_that_bends_the_baseline_or_the_judge_when_loaded_earns_nothing(tmp_path, tiny_data):
     """The naive loader as the answer, with the baseline slowed and the judge replaced as it loads:
     caught replacing them, every check fails. Its loader alone, without the bending, is measured
@@ -180,6 +192,161 @@ def test_code_that_bends_the_baseline_or_the_judge_when_loaded_earns_nothing(tmp
     speedup = verdict["checks"]["02-loader-speedup"]
     assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
     assert speedup["measured"] < 1.5, speedup  # the naive loader is about 1x of itself
+
+
+# The paused side keeps running (issue 60). The naive loader served as the answer, with processes
+# of its own that slow the baseline while the student's worker is stopped, which a SIGSTOP to the
+# pids listed in /proc once does not stop. Each burns CPU only while the worker is stopped.
+CHEATS = {
+    # A process that forks and lets its parent exit every millisecond (never the pid just listed),
+    # and starts burners in sessions of their own when it sees its worker stopped.
+    "pid hopper, setsid burners": """
+import os as _os, time as _time
+
+_worker = _os.getpid()
+
+
+def _stopped():
+    try:
+        with open(f"/proc/{_worker}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        _os._exit(0)  # the worker is gone: so are we
+
+
+def _hop():
+    while True:
+        if _os.fork():
+            _os._exit(0)
+        if _stopped():
+            for _ in range(3):
+                if _os.fork() == 0:
+                    _os.setsid()
+                    while _stopped():
+                        pass
+                    _os._exit(0)
+            while _stopped():
+                _time.sleep(0.001)
+        _time.sleep(0.001)
+
+
+if _os.fork() == 0:
+    _os.setsid()
+    _hop()
+""",
+    # Burners started as the code loads, before the first pause, handed to init (a double fork):
+    # no longer below the worker when its processes are listed.
+    "burners started before the first pause": """
+import os as _os, time as _time
+
+_worker = _os.getpid()
+
+
+def _stopped():
+    try:
+        with open(f"/proc/{_worker}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        _os._exit(0)
+
+
+for _ in range(3):
+    if _os.fork() == 0:
+        _os.setsid()
+        if _os.fork():
+            _os._exit(0)
+        while True:
+            if not _stopped():
+                _time.sleep(0.001)
+""",
+}
+NAIVE_ANSWER = """import labsupport as ls
+_naive = ls.pipeline.naive_loader
+
+
+def make_fast_loader(lab, split="train", augment=True):
+    return _naive(lab.profile, split=split, augment=augment, seed=lab.seed)
+"""
+
+
+@needs_cgroups
+@pytest.mark.parametrize("cheat,boxed", [(c, False) for c in sorted(CHEATS)] + [
+    pytest.param("pid hopper, setsid burners", True, marks=needs_sandbox, id="pid hopper, sandboxed")])
+def test_processes_that_run_on_while_their_worker_is_stopped_gain_nothing(tmp_path, tiny_data, cheat, boxed):
+    """The naive loader as 02's answer, with processes that slow the baseline while the student's
+    worker is stopped: each worker in a cgroup frozen as a whole, they are frozen with it, and the
+    answer measures as the naive loader it is (about 1x: both checks below their bars, as without
+    them: 0.76x and 0.78x here, its wait 23.7 and 26.4 ms against the naive loader's 21.0 and
+    20.8). With a SIGSTOP to the pids listed in /proc (the old pause) they ran: the hopper measured
+    1.82x, and the early burners slowed the naive loader's wait to 30.5 ms against the answer's
+    11.6 ms, passing 02's data-wait check (tiny:grades_speed=1, 2 busy cores; at the real profile
+    issue 60 measured 29x, 5.81x and 3.21x)."""
+    verdict = judge(tmp_path, tiny_data, NAIVE_ANSWER + CHEATS[cheat], profile="tiny:grades_speed=1", boxed=boxed)
+    speedup, wait = verdict["checks"]["02-loader-speedup"], verdict["checks"]["02-data-wait-share"]
+    print(f"{cheat}: speedup {speedup['measured']}, {speedup['note'][:160]}; wait: {wait['note'][:200]}; "
+          f"frozen side's CPU per block: {verdict.get('frozen_cpu_usec')}; problems: {verdict['problems']}")
+    assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
+    assert speedup["measured"] < 1.5, speedup
+    assert wait["status"] == "fail" and wait["reason"] == "below bar", wait  # its wait fell against nothing
+    frozen = verdict.get("frozen_cpu_usec") or {}
+    assert frozen.get("blocks") and frozen["max"] <= judging.PAUSED_CPU_USEC, verdict  # every block verified
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _runs(p, str(tmp_path).encode())], \
+        "every process of the workers ended with the judge"
+
+
+@needs_cgroups
+def test_a_worker_frozen_as_a_group_uses_no_cpu_where_sigstop_by_pid_list_let_its_processes_run(tmp_path, tiny_data):
+    """The pid hopper's worker, paused as the judge paused it before issue 60 (SIGSTOP to the pids
+    listed in /proc: a Worker given no group) and as it does now (its group frozen): its group's CPU
+    time over each 0.2 s pause. Stopped by signal, its burners ran (38-95 ms of CPU per pause on 2
+    busy cores); frozen, nothing did (0 us in every pause)."""
+    inputs = tmp_path / "inputs"
+    (inputs / "code").mkdir(parents=True)
+    (inputs / "code" / "02.py").write_text(NAIVE_ANSWER + CHEATS["pid hopper, setsid burners"])
+    group = cgroups.Group.make(cgroups.mount() / f"lab-test-{os.getpid()}-{tmp_path.name[-12:]}")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    spec = {"notebook": "02", "profile": "tiny", "data": str(tiny_data), "inputs": str(inputs)}
+    used: dict[str, list[int]] = {"SIGSTOP": [], "freeze": []}
+    try:
+        with judging.Worker("student", spec, prefix=group.join_command(), env=env, buffer_bytes=2**20) as worker:
+            worker.request("load")
+            for way, pause in (("SIGSTOP", worker.pause), ("freeze", group.freeze)):
+                for _ in range(5):
+                    pause(True)
+                    before = group.cpu_usec()
+                    time.sleep(0.2)
+                    used[way].append(group.cpu_usec() - before)
+                    pause(False)
+                    time.sleep(0.05)
+    finally:
+        assert group.remove()
+    print(f"the paused worker's group used, per 0.2 s pause (us): {used}")
+    assert min(used["SIGSTOP"]) > 10_000, used  # its burners ran while it was "stopped"
+    assert max(used["freeze"]) <= judging.PAUSED_CPU_USEC, used
+
+
+def _runs(pid: str, what: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return what in f.read()
+    except OSError:
+        return False
+
+
+def test_without_a_group_to_freeze_a_side_in_the_judge_grades_no_speed_that_compares_two_sides(tmp_path, tiny_data,
+                                                                                                   reference_02):
+    """Workers under a sandbox prefix the grader gave no cgroup (as where none can be had: no root,
+    no cgroup v2): the judge cannot freeze one side while it times the other, so the reference's 02
+    speed checks fail "not measured", saying why, rather than being graded unprotected; at the
+    tiny profile, which grades no speed, they stay n/a."""
+    verdict = judge(tmp_path / "speed", tiny_data, reference_02, profile="tiny:grades_speed=1", prefix=["env"])
+    for check in ("02-loader-speedup", "02-data-wait-share"):
+        v = verdict["checks"][check]
+        assert v["status"] == "fail" and v["reason"] == "not measured" and "could not freeze" in v["note"], v
+        assert "no cgroup" in v["note"], v
+    assert any("speed not graded" in p for p in verdict["problems"]), verdict
+    verdict = judge(tmp_path / "tiny", tiny_data, reference_02, prefix=["env"])
+    assert statuses(verdict) == {"02-loader-speedup": "n/a", "02-data-wait-share": "n/a"}, verdict
 
 
 def test_a_loader_honest_for_one_epoch_then_repeating_a_batch_forever_fails(tmp_path, tiny_data, reference_02):
@@ -331,6 +498,7 @@ def test_05_break_even_finds_no_checker_to_read_in_its_worker(tmp_path, tiny_dat
     code = COMPILE_05 + """
 
 import sys
+import time
 
 
 def break_even_steps(compile_s, eager_ms, compiled_ms):
@@ -547,6 +715,55 @@ def test_the_wire_refuses_oversized_and_non_json_messages():
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_the_wire_fails_closed_on_a_deeply_nested_frame():
+    """A frame nested deeper than MAX_DEPTH is refused before json.loads sees it (64 KiB of "["
+    raised RecursionError there, which is not a WireError: the worker was not marked broken); a
+    protocol message nested as deep as the protocol's own passes."""
+    r, w = os.pipe()
+    try:
+        deep = b"[" * (wire.MESSAGE_BYTES - 8)
+        os.write(w, len(deep).to_bytes(4, "big") + deep)
+        with pytest.raises(wire.WireError, match=f"nested {len(deep)} deep .at most {wire.MAX_DEPTH}"):
+            wire.receive(r, timeout_s=5)
+        fine = json.dumps({"tensors": [{"shape": [[1]], "note": "[[[[" * 40}]}).encode()
+        os.write(w, len(fine).to_bytes(4, "big") + fine)
+        assert wire.receive(r, timeout_s=5)["tensors"][0]["shape"] == [[1]]
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+# Carried code whose loader, when asked for, writes a deeply nested frame into the worker's reply
+# pipe itself (the write end of a pipe among its open files), then answers as usual.
+NESTED_FRAME = """
+
+import fcntl as _fcntl
+import os as _os
+
+
+def make_fast_loader(lab, split="train", augment=True):
+    frame = b"[" * 60000
+    for fd in range(3, 64):
+        try:
+            if _os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:") and \\
+                    _fcntl.fcntl(fd, _fcntl.F_GETFL) & _os.O_ACCMODE == _os.O_WRONLY:
+                _os.write(fd, len(frame).to_bytes(4, "big") + frame)
+        except OSError:
+            pass
+    return _naive(lab.profile, split=split, augment=augment, seed=lab.seed)
+"""
+
+
+def test_a_worker_that_writes_a_nested_frame_is_broken_and_its_later_requests_end_saying_so(tmp_path, tiny_data):
+    """The nested frame is the reply the judge reads to the loader's request: the worker is marked
+    broken there, and every check fails saying so (on the old code each failed with a RecursionError
+    and the worker's next replies answered the wrong requests)."""
+    code = "import labsupport as ls\n_naive = ls.pipeline.naive_loader\n" + NESTED_FRAME
+    verdict = judge(tmp_path, tiny_data, code)
+    for c, v in verdict["checks"].items():
+        assert v["status"] == "fail" and "broke off" in v["note"] and f"at most {wire.MAX_DEPTH}" in v["note"], (c, v)
 
 
 # 06 --------------------------------------------------------------------------------------------

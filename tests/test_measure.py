@@ -107,6 +107,37 @@ def test_an_overhead_measured_apart_comes_off_both_sides(monkeypatch):
     assert floor.speedup.median == pytest.approx(2.0 / 0.2)  # (5 - 3) / (2 / 10)
 
 
+def test_a_block_its_verify_rejects_is_timed_again_then_the_comparison_gives_up(monkeypatch):
+    """compare's ``verify`` (the grader's judge: the stopped side used no CPU meanwhile) sees every
+    timed block: one it rejects is thrown away and timed again, and a block rejected in each of its
+    BLOCK_TRIES tries ends the comparison with Disturbed, saying why; no figure of it counts."""
+    now = [0.0]
+    monkeypatch.setattr(measure, "_clock", lambda: now[0])
+    calls, seen = [], []
+
+    def costs(name, seconds):
+        return lambda: (calls.append(name), now.__setitem__(0, now[0] + seconds))
+
+    def verify(side, bad={"baseline": 1}):  # the baseline's first block is disturbed, once
+        def done():
+            seen.append(side)
+            if bad.get(side):
+                bad[side] -= 1
+                now[0] += 100.0
+                return "the other side ran"
+            return ""
+        return done
+
+    cmp = measure.compare(costs("A", 5.0), costs("B", 2.0), "cpu", rounds=3, steps_per_round=1, warmup=0,
+                          verify=lambda side: verify(side))
+    assert "".join(calls) == "AABBAAB" and seen == ["baseline", "baseline", "candidate", "candidate",
+                                                    "baseline", "baseline", "candidate"]
+    assert cmp.speedup.median == pytest.approx(2.5) and max(cmp.baseline_s) == pytest.approx(5.0)
+    with pytest.raises(measure.Disturbed, match=f"the other side ran .every one of {measure.BLOCK_TRIES} tries"):
+        measure.compare(costs("A", 5.0), costs("B", 2.0), "cpu", rounds=3, steps_per_round=1, warmup=0,
+                        verify=lambda side: lambda: "the other side ran" if side == "candidate" else "")
+
+
 # A fresh process's malloc(20 MiB): from the heap, or a fresh mapping of its own (printed).
 _WHERE_20_MIB = """
 import ctypes, sys

@@ -130,6 +130,29 @@ def test_html_report_renders_in_headless_chromium(tmp_path, width):
         shutil.copyfile(shot, keep / shot.name)
 
 
+@pytest.mark.skipif(chromium is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_no_table_of_the_report_runs_off_the_page_at_1280_px(tmp_path):
+    """Issue 63: at 1280 px the "Each rung" table was wider than the page and its last column cut
+    off. Laid out by chromium, every table fits inside the page's text column (a script added to a
+    copy of the page writes each table's overflow into the DOM, which --dump-dom prints)."""
+    page = _full_report(tmp_path)
+    probe = tmp_path / "probe.html"
+    script = ("<script>window.addEventListener('load',()=>{const out=[];"
+              "const edge=document.body.getBoundingClientRect().right;"
+              "for(const t of document.querySelectorAll('table')){const r=t.getBoundingClientRect();"
+              "const box=t.parentElement;"
+              "if(r.right>edge+1||box.scrollWidth>box.clientWidth+1)out.push(t.className+':'+Math.round(r.width));}"
+              "document.body.setAttribute('data-overflow',out.join(';')||'none');});</script>")
+    probe.write_text(page.read_text().replace("</body>", script + "</body>"))
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                          "--host-resolver-rules=MAP * ~NOTFOUND", "--user-data-dir=" + str(tmp_path / "profile"),
+                          "--window-size=1280,2000", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = dom.stdout.split('data-overflow="', 1)[1].split('"', 1)[0]
+    assert found == "none", f"tables wider than the page at 1280 px: {found}"
+
+
 def test_a_steps_flops_are_counted_as_a_hand_count_of_its_layers_gives():
     """FlopCounterMode on the step itself, against the multiply-adds of every convolution and the
     linear layer read from their shapes: forward once, backward twice (inputs' and weights'
@@ -172,10 +195,122 @@ def test_the_peak_is_a_figure_with_its_spread_and_the_roofline_reads_a_rung_agai
                                 {"stage": "03-amp", "samples_per_s": 300.0}])
     lad = report.Ladder(pd.DataFrame(), rows, setups={"01-baseline": {"amp_dtype": None, "image_size": 64},
                                                              "03-amp": {"amp_dtype": "bfloat16", "image_size": 64}})
-    roof = report.roofline(lad, "cpu", peaks={"float32": 200e9, "bfloat16": 400e9})
+    roof = report.roofline(lad, "cpu", peaks={"float32": _entry(200e9, 90.0), "bfloat16": _entry(400e9, 300.0)})
     per_image = train.step_flops(64)
     assert list(roof["dtype"]) == ["float32", "bfloat16"]
     assert roof["% of peak"].tolist() == pytest.approx([100 * per_image * 100 / 200e9, 100 * per_image * 300 / 400e9])
+    assert roof["best kernel GFLOP/s"].tolist() == [90.0, 300.0]
+
+
+def _entry(theoretical, best_gflops):
+    """A dtype's peaks as labsupport.roofline.peaks keeps them: the theoretical one, and kernels."""
+    return {"theoretical": theoretical, "how": "test", "image_size": 64, "batch_size": 32,
+            "kernels": [{"kernel": "matmul 512x512", "GFLOP/s": best_gflops / 2},
+                        {"kernel": "3x3 conv", "GFLOP/s": best_gflops}]}
+
+
+def test_percent_of_peak_is_against_the_theoretical_peak_and_a_rung_above_it_is_explained():
+    """Issue 63: `make run` printed the baseline at 132% of a measured matmul "peak". "% of peak" is
+    now against the theoretical peak, the best kernel stands beside it, and a rung at or above
+    the theoretical peak says what that means instead of reading as a machine beyond its limit."""
+    import pandas as pd
+
+    from labsupport import train
+
+    per_image = train.step_flops(64)
+    rows = pd.DataFrame([{"stage": "01-baseline", "samples_per_s": 100.0},
+                         {"stage": "02-data", "samples_per_s": 190.0},
+                         {"stage": "03-amp", "samples_per_s": 250.0}])
+    setups = {s: {"amp_dtype": d, "image_size": 64} for s, d in
+              (("01-baseline", None), ("02-data", None), ("03-amp", "bfloat16"))}
+    theoretical = per_image * 200  # the fp32 rungs run at 50% and 95% of it; the bf16 one above it
+    roof = report.roofline(report.Ladder(pd.DataFrame(), rows, setups=setups), "cpu",
+                           peaks={"float32": _entry(theoretical, 1.0), "bfloat16": _entry(per_image * 240, 1.0)})
+    assert roof["% of peak"].round(1).tolist() == [50.0, 95.0, pytest.approx(104.2, abs=0.1)]
+    assert roof["theoretical peak GFLOP/s"].iloc[0] == pytest.approx(theoretical / 1e9)
+    assert "near the theoretical peak" in roof["reading"].iloc[1]
+    assert "above the theoretical peak" in roof["reading"].iloc[2] and "count" in roof["reading"].iloc[2]
+    unknown = report.roofline(report.Ladder(pd.DataFrame(), rows.iloc[:1], setups=setups), "cpu",
+                              peaks={"float32": {**_entry(None, 50.0), "how": "not known: no cpufreq"}})
+    assert unknown["% of peak"].isna().all(), "no percentage where the theoretical peak cannot be known"
+
+
+def test_the_peak_is_measured_once_per_run_and_every_reader_shows_that_value(tmp_path, monkeypatch):
+    """Issue 63: the printed table (make run: report.roofline after 06) and the HTML report each
+    measured the peak again (208.8 against 184.8 GFLOP/s fp32), so one rung read 119% and 134%.
+    The kernels are measured once, kept in the results store, and read back by every later reader."""
+    import itertools
+
+    from labsupport import measure
+    from labsupport.hardware import describe_machine
+
+    speeds = itertools.count(1)
+
+    class Timed:  # what measure.micro returns, a new time each call, as a busy machine gives
+        def __init__(self):
+            self.median = 1e-3 * next(speeds)
+            self.times = [self.median]
+
+    monkeypatch.setattr(measure, "micro", lambda *a, **k: Timed())
+    here = describe_machine().as_dict()
+    for stage, dtype in (("01-baseline", None), ("03-amp", "bfloat16")):
+        results.record(stage, {"samples_per_s": 50.0, "median_ms": 640.0}, config={"amp_dtype": dtype},
+                       machine=here, profile={"batch_size": 32, "image_size": 64}, directory=tmp_path / "results")
+    lad = report.ladder(tmp_path / "results", assemble=_assemble())
+    first = report.roofline(lad, "cpu")
+    again = report.roofline(report.ladder(tmp_path / "results", assemble=_assemble()), "cpu")
+    assert first.equals(again), "a second reader measured the peak again instead of reading the kept one"
+    html = report.export_html(tmp_path / "report.html", lad, checks=_no_checks(), analysis="-").read_text()
+    for value in first["best kernel GFLOP/s"]:
+        assert f"{value:,.1f}" in html
+
+
+def _no_checks():
+    from labsupport import grading
+
+    return grading.table([grading.CheckResult("02-loader-speedup", 5.1, 3.0, "higher", "cpu", "pass")])
+
+
+def test_each_rungs_phases_add_up_to_the_step_time_the_ladder_gives_it(tmp_path):
+    """Issue 63: the report drew the baseline's step at ~1,580 ms (its breakdown's stamped steps)
+    while the ladder gave it a 368 ms median. Every rung's phases now add up to its timed median
+    step, and a breakdown stamped that far off its step is named under the chart."""
+    folder = tmp_path / "results"
+    stamped = {"data wait": 40.0, "host to device": 0.0, "forward": 680.0, "backward": 780.0, "optimizer": 80.0}
+    for stage, median, phases in (("01-baseline", 368.0, stamped),
+                                  ("02-data", 330.0, {"data wait": 10.0, "host to device": 0.0, "forward": 130.0,
+                                                      "backward": 180.0, "optimizer": 12.0}),
+                                  ("03-amp", 200.0, {"data wait": 9.0})):  # timed by the judge: its wait only
+        results.record(stage, {"samples_per_s": 32_000 / median, "median_ms": median, "phases_ms": phases},
+                       machine=MACHINE, profile={"batch_size": 32}, directory=folder)
+    lad = report.ladder(folder, assemble=_assemble())
+    ph = report.phases(lad)
+    assert ph.sum(axis=1).tolist() == pytest.approx([368.0, 330.0, 9.0])
+    assert ph.loc["baseline", "backward"] == pytest.approx(368.0 * 780 / 1580)
+    assert [m.split(":")[0] for m in report.phase_mismatches(lad)] == ["baseline"]
+    html = report.export_html(tmp_path / "r.html", lad, checks=_no_checks(), analysis="-").read_text()
+    assert "1,580 ms against a timed median of 368 ms" in html
+
+
+def test_the_written_analysis_is_rendered_as_html_not_raw_markdown(tmp_path):
+    """Issue 63: the analysis showed its asterisks and backticks. It is Markdown rendered to HTML,
+    and HTML a student typed in it is shown as text, never run in an instructor's browser."""
+    lad = report.ladder(tmp_path / "nothing", assemble=_assemble())
+    text = "AMP paid **most**: `bf16` autocast.\n\n- one\n- two\n\n<script>alert(1)</script>"
+    html = report.export_html(tmp_path / "r.html", lad, checks=_no_checks(), analysis=text).read_text()
+    analysis = html.split('id="analysis"', 1)[1]
+    assert "<strong>most</strong>" in analysis and "<code>bf16</code>" in analysis and "<li>two</li>" in analysis
+    assert "**" not in analysis and "`" not in analysis
+    assert "<script>" not in analysis and "&lt;script&gt;" in analysis
+
+
+def test_the_memory_plot_names_its_rungs_in_a_legend_not_in_labels_that_overlap(tmp_path):
+    """Issue 63: two rungs of close throughput and memory printed their labels over each other."""
+    _record(tmp_path, RATES)
+    memory = report.plots(report.ladder(tmp_path, assemble=_assemble()))["memory"]
+    ax = memory.axes[0]
+    assert not ax.texts, "labels written beside the points overlap where two rungs sit close"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [label for _, label in report.RUNGS]
 
 
 def test_a_report_made_where_the_ladder_was_measured_reads_each_rung_against_the_peak(tmp_path):
@@ -215,7 +350,7 @@ def test_a_rung_record_with_a_setup_the_lab_never_runs_is_left_out_of_the_roofli
     lad = report.ladder(tmp_path / "results")
     assert lad.setups["01-baseline"]["image_size"] is None and lad.setups["03-amp"] == {"amp_dtype": None, "image_size": None}
     assert lad.setups["04-memory"]["image_size"] is None and lad.setups["05-compile"] == {"amp_dtype": "float16", "image_size": 64}
-    roof = report.roofline(lad, "cpu", peaks={"float32": 1e11, "float16": 2e11})
+    roof = report.roofline(lad, "cpu", peaks={"float32": _entry(1e11, 1.0), "float16": _entry(2e11, 1.0)})
     assert list(roof["dtype"]) == ["float16"]
     rows = pd.DataFrame([{"stage": "01-baseline", "samples_per_s": 1.0}])
     assert report.roofline(report.Ladder(pd.DataFrame(), rows, setups={"01-baseline": {"amp_dtype": "__class__", "image_size": 64}}),

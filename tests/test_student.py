@@ -103,7 +103,11 @@ def test_distribution_metadata_is_for_students(distribution):
     assert meta["project"]["name"] == "labsupport" and meta["project"]["readme"] == "README.md"
     readme = (folder / "README.md").read_text()
     for needed in ("pip install -r requirements.txt -e .", "jupyter lab notebooks/", "Colab",
-                   "Drive", "Check your work", 'ls.check("02", globals())', "submit"):
+                   "Drive", "Check your work", 'ls.check("02", globals())', "submit",
+                   # Colab: the URL that opens a notebook from the released repository, the runtime
+                   # chosen before the first cell, Drive saved by every notebook's last cell
+                   "https://colab.research.google.com/github/OWNER/REPOSITORY/blob/BRANCH/notebooks/",
+                   "Change runtime type", "ls.paths.finish()"):
         assert needed in readme, f"the student README does not mention {needed!r}"
     assert (folder / "data" / "README.md").read_bytes() == (REPO / "data" / "README.md").read_bytes()
 
@@ -222,6 +226,48 @@ def test_set_student_url_round_trips_and_rejects_bad_urls(tmp_path):
 
 
 # --- c. a Colab stand-in -----------------------------------------------------------------------
+
+def _stand_in_drive(monkeypatch, *, remount_fails=False):
+    """A google.colab stand-in whose drive module records what it is asked to do."""
+    import types
+
+    calls = []
+    drive = types.ModuleType("google.colab.drive")
+    drive.flush_and_unmount = lambda timeout_ms=None: calls.append("flush_and_unmount")
+
+    def mount(mountpoint, **kwargs):
+        calls.append(f"mount {mountpoint}")
+        if remount_fails:
+            raise ValueError("mount failed")
+    drive.mount = mount
+    colab = types.ModuleType("google.colab")
+    colab.drive = drive
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    monkeypatch.setitem(sys.modules, "google.colab.drive", drive)
+    return calls
+
+
+def test_finish_flushes_drive_in_colab_keeps_it_mounted_and_does_nothing_elsewhere(monkeypatch):
+    """Every notebook's last cell, ls.paths.finish(): in Colab with the lab folder on Drive it waits
+    for Drive's writes (flush_and_unmount) and mounts Drive again, so the runtime can go on; if
+    mounting again fails, LAB_HOME is dropped (nothing lands in the empty mount point). Outside Colab,
+    or with a lab folder elsewhere, it calls nothing."""
+    from labsupport import paths
+
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.setenv("LAB_HOME", str(paths.DRIVE_FOLDER))
+    assert paths.finish() is False  # not Colab
+    calls = _stand_in_drive(monkeypatch)
+    monkeypatch.setenv("LAB_HOME", "/tmp/lab")
+    assert paths.finish() is False and calls == []  # a lab folder off Drive
+    monkeypatch.setenv("LAB_HOME", str(paths.DRIVE_FOLDER))
+    assert paths.finish() is True
+    assert calls == ["flush_and_unmount", f"mount {paths.DRIVE_MOUNT}"]
+    assert paths.home() == paths.DRIVE_FOLDER
+    calls = _stand_in_drive(monkeypatch, remount_fails=True)
+    assert paths.finish() is True and calls[0] == "flush_and_unmount"
+    assert paths.home() is None, "Drive is not mounted again: results must not go to the empty mount point"
+
 
 # Named in .venv's site-packages but not made visible to the stand-in: labsupport in any form
 # (package, editable finder and .pth, dist-info), and the packaging tools the fresh venv has itself.

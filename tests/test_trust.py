@@ -300,6 +300,38 @@ def test_a_speedup_far_above_the_references_waits_for_a_person(judged, monkeypat
     assert deciding.cell_scores({"02-loader-speedup": got[22.0]}, {"t": ["02-loader-speedup"]}) == {"t": False}
 
 
+def test_a_pass_whose_baseline_strays_from_its_calibration_waits_for_a_person(judged, monkeypatch, tmp_path):
+    """A pass measured against a baseline that was not itself (its step or 02's naive wait more than
+    BASELINE_OFF from what calibrate measured for it here: slowed by processes the judge failed to
+    stop, or a busy machine) is held for review, never passed; where nothing was calibrated the note
+    says the baseline was not checked."""
+    from autograder import deciding
+    from labsupport import hardware
+
+    said = {"status": "pass", "reason": "pass", "note": ""}
+
+    def decided(baseline):
+        row = {**said, "measured": 5.0, **({"baseline": baseline} if baseline is not None else {})}
+        found = deciding.decide(_verdict(**{"02_loader_speedup": row}), ["02-loader-speedup"], judged)
+        return found["02-loader-speedup"]
+
+    uncalibrated = decided({"baseline_step_ms": 400.0})
+    assert uncalibrated.result == "pass" and "not checked: nothing calibrated" in uncalibrated.note, uncalibrated
+    cal = tmp_path / "calibration.toml"
+    cal.write_text(f'[machine]\ndevice_class = "{judged.device_class}"\ndevice_name = "{judged.device_name}"\n'
+                   f'cpu_cores = {judged.cpu_cores}\n[calibration]\nprofile = "{hardware.profile_for(judged.profile).name}"\n'
+                   '[thresholds]\n"02-loader-speedup" = 3.0\n[measured]\n"02-loader-speedup" = [5.0, 5.5]\n'
+                   '[baseline]\n"02-loader-speedup" = {baseline_step_ms = [40.0, 44.0, 42.0], crossing_ms = [0.4]}\n')
+    monkeypatch.setenv("LAB_CALIBRATION", str(cal))
+    assert decided({"baseline_step_ms": 50.0, "crossing_ms": 0.5}).result == "pass"
+    for baseline, why in (({"baseline_step_ms": 130.0, "crossing_ms": 0.4}, "baseline_step_ms read 130, against 42"),
+                          ({"baseline_step_ms": 42.0, "crossing_ms": 0.1}, "crossing_ms read 0.1, against 0.4"),
+                          ({"crossing_ms": 0.4}, "baseline_step_ms was not reported"), (None, "not reported")):
+        got = decided(baseline)
+        assert (got.result, got.reason) == ("review", "baseline off its calibration") and not got.passed, got
+        assert why in got.note, got.note
+
+
 def test_the_verdict_kept_is_bounded_plain_data(judged, tmp_path):
     import json
 

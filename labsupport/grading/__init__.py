@@ -36,7 +36,7 @@ from typing import Callable
 
 import pandas as pd
 
-from .. import carry, hardware, notebooks, pipeline
+from .. import carry, hardware, measure, notebooks, pipeline
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # labsupport/
 _CHECKOUT = _PACKAGE.parent  # the instructor's checkout (its autograder/ holds the calibration)
@@ -216,6 +216,14 @@ def calibration_for(machine: dict, profile: str | None = None) -> dict | None:
     if at is not None and at != (profile or machine.get("profile") or at):
         return None
     return cal
+
+
+def reference_baseline(check: str, machine: dict, profile: str | None = None) -> dict[str, list[float]]:
+    """The baseline's own figures (:data:`BASELINE_FIGURES`) in ``check``'s runs when ``calibrate``
+    measured the reference on ``machine`` at ``profile`` (empty where nothing was calibrated)."""
+    cal = calibration_for(machine, profile) or {}
+    figures = cal.get("baseline", {}).get(check, {})
+    return {k: [float(v) for v in vals] for k, vals in figures.items() if k in BASELINE_FIGURES and vals}
 
 
 def reference_runs(check: str, machine: dict, profile: str | None = None) -> list[float]:
@@ -441,6 +449,9 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
             if tampered:  # the code was caught bending what measures it before any check ran
                 raise StudentCodeError(tampered)
             found = fn(namespace, lab) if sides is None else fn(namespace, lab, sides=sides)
+        except measure.Disturbed as err:  # the side not timed ran meanwhile: nothing measured counts
+            found = [CheckResult(i, None, None, "", lab.machine.device_class, "fail", str(err), reason="not measured")
+                     for i in ids]
         except Exception as err:  # the student's code, whatever it raised, costs this check only
             why = f"{type(err).__name__}: {err}"
             found = [CheckResult(i, None, None, "", lab.machine.device_class, "fail", why) for i in ids]
@@ -560,12 +571,27 @@ def patched_note(patched: list[str], when: str) -> str:
             "libraries or labsupport (the originals are back)")
 
 
+# What a check that compares the student's code with the baseline says of the baseline's own timing
+# (its details): its step (ms per timed call, :meth:`labsupport.measure.Comparison.summary`), 02's
+# naive loader's data wait, and a batch's crossing from a worker. ``calibrate`` records what the
+# reference's runs measured; the grader holds a pass whose baseline strays far from it for review.
+BASELINE_FIGURES = ("baseline_step_ms", "baseline_wait_ms", "crossing_ms")
+
+
+def with_baseline(result: CheckResult, **figures: float) -> CheckResult:
+    """``result`` with the baseline's own ``figures`` (:data:`BASELINE_FIGURES`) in its details."""
+    assert set(figures) <= set(BASELINE_FIGURES), figures
+    return replace(result, details={**result.details, **{k: float(v) for k, v in figures.items()}})
+
+
 def verdict_rows(found: dict) -> dict[str, dict]:
     """The checks of a verdict file (the judge's and a verdict process's alike): per check its
-    status, reason, measurement, bar and note, and whether only 06's ladder partner failed it
-    (``calibrate`` still counts that measurement: nothing ran 01-05 there)."""
+    status, reason, measurement, bar and note, whether only 06's ladder partner failed it
+    (``calibrate`` still counts that measurement: nothing ran 01-05 there), and the baseline's own
+    figures (:data:`BASELINE_FIGURES`)."""
     return {c: {"status": r.status, "reason": r.reason, "measured": r.measured, "threshold": r.threshold,
-                "note": r.note, "ladder_only": bool(r.details.get("only_the_ladder_incomplete"))}
+                "note": r.note, "ladder_only": bool(r.details.get("only_the_ladder_incomplete")),
+                "baseline": {k: r.details[k] for k in BASELINE_FIGURES if k in r.details}}
             for c, r in found.items()}
 
 

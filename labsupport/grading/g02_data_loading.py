@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .. import measure, pipeline, train
-from . import partners, register, speed, student
+from . import partners, register, speed, student, with_baseline
 from .judge_setup import Judged
 from .rungs import Recipe, Rung, measured
 
@@ -100,7 +100,8 @@ def loader(namespace, lab, sides=None):
         crossing = sides.crossing_s(_batch_like(profile))
         cmp = measure.compare(_sync_next(naive, lab.device), _sync_next(fast, lab.device), lab.device,
                               rounds=profile.rounds, steps_per_round=2 * profile.steps_per_round,
-                              warmup=4 * profile.steps_per_round, focus=sides.focus, overhead_s=crossing)
+                              warmup=4 * profile.steps_per_round, focus=sides.focus, overhead_s=crossing,
+                              verify=getattr(sides, "verify", None))
     step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
     # The step's waits with the student's loader and, where speed is graded, with the naive one,
     # interleaved as the speedup's rounds are: measured one after the other, drift on a busy
@@ -118,6 +119,7 @@ def loader(namespace, lab, sides=None):
     faster = dataclasses.replace(faster, note=(faster.note + "; " if faster.note else "")
                                 + f"{cmp}; {len(recorder.epochs)} epochs checked as they were timed; "
                                 f"building your loaders took {build_s:.1f} s")
+    faster = with_baseline(faster, baseline_step_ms=cmp.summary()["baseline_ms"], crossing_ms=crossing * 1e3)
 
     medians = {p: float(np.median(v)) for p, v in per_step.items()}
     share = medians["data wait"] / sum(medians.values())
@@ -137,6 +139,8 @@ def loader(namespace, lab, sides=None):
     wait = speed(lab, "02-data-wait-share", share, "lower", **partner, note=note)
     if not_fallen and wait.reason in ("pass", "n/a", "below bar"):
         wait = dataclasses.replace(wait, status="fail", reason="below bar", note=f"{not_fallen}; {note}")
+    if profile.grades_speed:
+        wait = with_baseline(wait, baseline_wait_ms=naive_wait, crossing_ms=crossing * 1e3)
     return [faster, wait]
 
 
@@ -148,14 +152,17 @@ def _batch_like(profile) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _interleaved_waits(sides, loaders: dict, step, steps: int, crossing_s: float) -> dict[str, dict[str, list[float]]]:
     """Each loader's phase breakdown (its data wait less a batch's crossing) over ``steps`` steps,
-    taken in :data:`WAIT_ROUNDS` alternating blocks (A B, B A, ...), the other side stopped."""
+    taken in :data:`WAIT_ROUNDS` alternating blocks (A B, B A, ...), the other side stopped (each
+    block verified where ``sides`` can: :func:`labsupport.measure.verified`)."""
     out: dict[str, dict[str, list[float]]] = {side: {} for side in loaders}
     order = list(loaders)
     for r in range(WAIT_ROUNDS):
         for side in (order if r % 2 == 0 else order[::-1]):
             sides.focus(side)
-            got = _less_wait(train.phase_breakdown(loaders[side], step, steps=max(1, steps // WAIT_ROUNDS), warmup=1,
-                                                   non_blocking=side == "candidate"), crossing_s)
+            got = _less_wait(measure.verified(
+                lambda: train.phase_breakdown(loaders[side], step, steps=max(1, steps // WAIT_ROUNDS), warmup=1,
+                                              non_blocking=side == "candidate"),
+                side, getattr(sides, "verify", None)), crossing_s)
             for phase, ms in got.items():
                 out[side].setdefault(phase, []).extend(ms)
     return out
@@ -179,4 +186,4 @@ RUNG = Rung(their_loader, extras=lambda found, lab: {
 
 # How the judge sets up 02's checks: the naive loader in a worker of its own; on CUDA a verdict
 # process decides (:func:`.judge_setup.judges` says why).
-JUDGED = Judged(baseline=True, not_on=("cuda",))
+JUDGED = Judged(baseline=True, not_on=("cuda",), compared=("02-loader-speedup", "02-data-wait-share"))

@@ -26,7 +26,8 @@ from collections.abc import Callable
 import torch
 
 from .. import measure, memory, pipeline, train
-from . import CheckResult, StudentCodeError, bar, judge, one_batch, partners, register, speed, student
+from . import (CheckResult, StudentCodeError, bar, judge, one_batch, partners, register, speed, student,
+               with_baseline)
 from .judge_setup import Judged, MODEL_BYTES
 from .rungs import Recipe, Rung, measured
 
@@ -212,7 +213,8 @@ def amp_speed_and_memory(namespace, lab, sides=None):
     (time_fp32, fp32_calls), (time_amp, amp_calls) = timed_calls(timed_fp32, draws), timed_calls(timed_amp, draws)
     with sides.checking():
         cmp = measure.compare(time_fp32, time_amp, lab.device, rounds=lab.profile.rounds,
-                              steps_per_round=lab.profile.steps_per_round, focus=sides.focus)
+                              steps_per_round=lab.profile.steps_per_round, focus=sides.focus,
+                              verify=getattr(sides, "verify", None))
     sides.focus(None)
     timed_ok, timed_why = (partners.updates_alike(amp_calls, [c.update for c in fp32_calls], amp.names())
                            if correct else (correct, why))
@@ -227,6 +229,7 @@ def amp_speed_and_memory(namespace, lab, sides=None):
                  optimised=mixed, why_not_optimised=f"no 16-bit activations ({saved}): this speed is not mixed "
                                                     f"precision's (autocast to the dtype your choose_precision names)")
     fast = dataclasses.replace(fast, note=(fast.note + "; " if fast.note else "") + str(cmp) + baseline_precision(lab.device))
+    fast = with_baseline(fast, baseline_step_ms=cmp.summary()["baseline_ms"])
     mem = judge("03-activation-ratio", amp_bytes / ref_bytes, lab, correct=correct, why_incorrect=why, note=saved)
     return [fast, mem]
 
@@ -318,4 +321,4 @@ RUNG = Rung(their_step, extras=_extras, in_worker=True)
 
 
 # How the judge sets up 03's checks: the lab's fp32 step in a worker of its own; a model's state crosses.
-JUDGED = Judged(baseline=True, buffer_floor=MODEL_BYTES + 2**20)
+JUDGED = Judged(baseline=True, buffer_floor=MODEL_BYTES + 2**20, compared=("03-amp-speedup",))

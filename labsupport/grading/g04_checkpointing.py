@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import measure, memory, train
-from . import StudentCodeError, judge, one_batch, partners, register, speed, student
+from . import StudentCodeError, judge, one_batch, partners, register, speed, student, with_baseline
 from .g03_amp import timed_calls
 from .judge_setup import Judged, MODEL_BYTES
 from .rungs import Recipe, Rung, measured
@@ -257,7 +257,8 @@ def checkpointing(namespace, lab, sides=None):
     rounds = max(7, lab.profile.rounds) if lab.profile.grades_speed else lab.profile.rounds
     with sides.checking():
         cmp = measure.compare(time_plain, time_ckpt, lab.device, rounds=rounds,
-                              steps_per_round=lab.profile.steps_per_round, focus=sides.focus)
+                              steps_per_round=lab.profile.steps_per_round, focus=sides.focus,
+                              verify=getattr(sides, "verify", None))
     sides.focus(None)
     overhead = 1 / cmp.speedup.median - 1
     counted = ckpt.convolutions()
@@ -274,6 +275,7 @@ def checkpointing(namespace, lab, sides=None):
                  note=f"{cmp.summary()['candidate_ms']:.0f} ms vs {cmp.summary()['baseline_ms']:.0f} ms "
                       f"per step ({cmp.speedup.n} paired rounds, speedup IQR {cmp.speedup.q1:.2f}-"
                       f"{cmp.speedup.q3:.2f})")
+    cost = with_baseline(cost, baseline_step_ms=cmp.summary()["baseline_ms"])
     return [grad, act, peak_check, fits, cost]
 
 
@@ -474,4 +476,4 @@ RUNG = Rung(their_checkpointing,
 
 
 # How the judge sets up 04's checks: the lab's plain network in a worker of its own; a model's state crosses.
-JUDGED = Judged(baseline=True, buffer_floor=MODEL_BYTES + 2**20)
+JUDGED = Judged(baseline=True, buffer_floor=MODEL_BYTES + 2**20, compared=("04-time-overhead",))

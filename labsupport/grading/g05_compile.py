@@ -134,7 +134,7 @@ def compile_inference(namespace, lab, sides=None):
 
     cmp = measure.compare(timed("baseline", eager), timed("candidate", compiled), lab.device,
                           rounds=lab.profile.rounds, steps_per_round=4 * lab.profile.steps_per_round,
-                          focus=sides.focus)
+                          focus=sides.focus, verify=getattr(sides, "verify", None))
     sides.focus(None)
     pairs = list(zip(outputs["candidate"], outputs["baseline"]))
     rel_err = max((_relative_error(out, ref.float()) for out, ref in pairs), default=math.inf)
@@ -150,7 +150,8 @@ def compile_inference(namespace, lab, sides=None):
                  "compiled graph): compile the model itself and return that")
     fast = dataclasses.replace(fast, note=(fast.note + "; " if fast.note else "") +
                                f"{cmp}; every timed call (fresh input each) within {rel_err:.2%} of eager; {precision_note}",
-                               details={"compile_s": compile_s, "graphs": graphs[0], **summary})
+                               details={"compile_s": compile_s, "graphs": graphs[0], **summary,
+                                        "baseline_step_ms": summary["baseline_ms"]})
     eager_ms, compiled_ms = summary["baseline_ms"], summary["candidate_ms"]
     cases = [(compile_s, eager_ms, compiled_ms), (20.0, 100.0, 60.0), (30.0, 50.0, 55.0)]
     wrong = _break_even_errors(sides.break_even, cases)
@@ -205,4 +206,4 @@ RUNG = Rung(lambda code, lab, made: made.configured(compiled=True), pipeline_cha
 
 
 # How the judge sets up 05's checks: eager inference in a worker of its own.
-JUDGED = Judged(baseline=True)
+JUDGED = Judged(baseline=True, compared=("05-compile-speedup",))

@@ -36,6 +36,9 @@ class Judged:
     buffer_floor: int = 0  # the least a worker's shared buffer holds (a model's state, a profile's events)
     # Device classes (profile prefixes) where a verdict process decides instead (:func:`judges`).
     not_on: tuple[str, ...] = ()
+    # The checks whose measurement compares the two workers' timings, one side frozen while the
+    # other is timed: not graded where the judge cannot freeze a side (:func:`.judging.unprotected`).
+    compared: tuple[str, ...] = ()
 
 
 def setup_of(number: str) -> Judged:

@@ -8,8 +8,14 @@ that loads the student's carried code, and one that loads none and serves labsup
 checks (the same functions the self-check runs) with the workers' outputs:
 
 - **Timed from outside.** Every timed call is a request to a worker and its reply, on the judge's
-  clock. While one side is timed the other is stopped (SIGSTOP to every process below it; in the
-  sandbox's PID namespace none can leave), so neither slows the other or works ahead.
+  clock. Each worker runs in a cgroup v2 group of its own from its first instruction (joined in
+  its command prefix, before the sandbox: :mod:`.cgroups`); while one side is timed the other's
+  group is frozen as a whole, processes it forks or hands off included, so neither slows the other
+  or works ahead. Each timed block is verified: the frozen side's CPU time is read before and after
+  (:meth:`Sides.verify`), and a block in which it ran is timed again, then the check fails. Where
+  no group can be had (no root, no cgroup v2) the judge grades no speed that compares two sides
+  (:func:`unprotected`): a SIGSTOP to the pids listed in ``/proc`` misses a process that forks
+  and exits every millisecond (issue 60: the naive loader as 02's answer scored 29x that way).
 - **Symmetric.** The baseline is driven through the same channel as the student's code, so both
   pay the same cost of crossing it.
 - **Checked as timed.** What a timed call produced comes back as plain tensors (:mod:`.wire`),
@@ -25,7 +31,10 @@ recorded and the report the kernel exported), ``since`` (when the kernel started
 be newer), ``judged`` (root's folder for what this judge
 keeps: the checks table, the rung and the carried code, for later notebooks), ``out`` (the
 verdict file), ``sandbox`` (the command prefix a worker runs under, empty for none) and ``env``
-(the workers' environment); optionally ``reply_timeout_s`` (:data:`REPLY_TIMEOUT_S`).
+(the workers' environment); optionally ``reply_timeout_s`` (:data:`REPLY_TIMEOUT_S`) and ``groups``
+(``{"student": path, "baseline": path}``: cgroup v2 groups the grader made, which ``sandboxes``,
+one command prefix per worker, already join; without them a judge with no sandbox prefix makes
+its own, and one with a prefix has none).
 """
 
 from __future__ import annotations
@@ -69,6 +78,12 @@ SLOW_OPS = ("load", "cold", "rung_batch", "rung_step", "pipeline", "pruned", "qu
 # The workers keep the default: the student's code runs as it does in their notebook.
 QUIET_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
 CROSSINGS = 21  # times a batch's crossing is measured (:meth:`Sides.crossing_s`)
+# CPU time a frozen side may show over one timed block and still count as not having run. Measured
+# on 2 busy cores (Linux 6.18, cgroup v2 on a hybrid hierarchy): a group of a busy and a sleeping
+# process, frozen, read at most 12 us over 200 blocks of 20-100 ms (0 in 192 of them: accounting
+# settling after `frozen 1`); the pid hopper's worker, frozen, 0 us per 0.2 s; SIGSTOPped by its
+# pid list, 38-95 ms. So a millisecond is far above what a frozen side shows, and far below work.
+PAUSED_CPU_USEC = 1000
 
 
 class WorkerError(RuntimeError):
@@ -79,10 +94,11 @@ class Worker:
     """One worker process, driven by requests (:mod:`.worker`); a context manager that stops it."""
 
     def __init__(self, role: str, spec: dict, *, prefix: list[str], env: dict[str, str], buffer_bytes: int,
-                 reply_timeout_s: float = REPLY_TIMEOUT_S):
+                 reply_timeout_s: float = REPLY_TIMEOUT_S, group=None):
         from . import wire
 
         self.role, self._wire, self.reply_timeout_s, self.broken = role, wire, reply_timeout_s, ""
+        self.group = group  # its cgroup v2 group (:class:`.cgroups.Group`), which ``prefix`` joins; None: none
         to_worker, self._requests = os.pipe()
         self._replies, from_worker = os.pipe()
         buffer_fd, self._map = wire.buffer(buffer_bytes)
@@ -114,7 +130,9 @@ class Worker:
             # The first request also waits for the worker to start (importing torch: seconds).
             reply = self._wire.receive(self._replies, max(self.reply_timeout_s, REPLY_TIMEOUT_S)
                                        if op in SLOW_OPS else self.reply_timeout_s)
-        except self._wire.WireError as err:
+        except Exception as err:  # fails closed: whatever broke the reply, none after it pairs with its request
+            if not isinstance(err, self._wire.WireError):
+                err = f"{type(err).__name__}: {str(err)[:200]}"
             last = self._log.strip().splitlines()[-1:] or [""]
             self.broken = (f"your code's worker broke off at its '{op}' request ({err}"
                            + (f" within {self.reply_timeout_s:.0f} s" if "in time" in str(err) else "")
@@ -182,8 +200,14 @@ class Worker:
         return value, peak[0] or None  # None: nothing could be read (no /proc to see it in)
 
     def pause(self, stop: bool) -> None:
-        """Stop (or continue) every process of this worker: while the other side is timed."""
+        """Stop (or continue) every process of this worker: while the other side is timed. Its group
+        frozen as a whole (returns once the kernel says so); without one, SIGSTOP to the processes
+        listed below it now, which misses any that forks away meanwhile (speed is then not graded)."""
         if stop == self.stopped:
+            return
+        if self.group is not None:
+            self.group.freeze(stop)
+            self.stopped = stop
             return
         for pid in self._tree():
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -203,6 +227,8 @@ class Worker:
         try:
             self.process.wait(timeout=1 if self.broken else 10)
         except subprocess.TimeoutExpired:
+            if self.group is not None:
+                self.group.kill()
             for pid in reversed(self._tree()):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
@@ -241,6 +267,26 @@ class Sides:
     def __init__(self, student: Worker, baseline: Worker):
         self.workers = {"candidate": student, "baseline": baseline}
         self.side: str | None = None
+        self.paused_usec: list[int] = []  # the frozen side's CPU time over each verified block, in order
+
+    def verify(self, side: str):
+        """Before a block that times ``side`` (the other side frozen): a function to call after it,
+        which says why the block does not count ("" if it does): the frozen side's group used more
+        than :data:`PAUSED_CPU_USEC` of CPU meanwhile (:func:`labsupport.measure.compare`'s ``verify``)."""
+        other = self.workers["baseline" if side == "candidate" else "candidate"]
+        if not other or other.group is None:  # one side only, or no groups: :func:`unprotected` says so
+            return lambda: ""
+        before = other.group.cpu_usec()
+
+        def ran() -> str:
+            used = other.group.cpu_usec() - before
+            self.paused_usec.append(used)
+            if used <= PAUSED_CPU_USEC:
+                return ""
+            whose = "your code's" if other.role == "student" else "the baseline's"
+            return (f"the other side ran while you were timed: {whose} worker, frozen, used {used / 1e3:.1f} ms "
+                    f"of CPU in one timed block (at most {PAUSED_CPU_USEC / 1e3:g} ms allowed)")
+        return ran
 
     def focus(self, side: str | None) -> None:
         """Let ``side`` run and stop the other ("candidate", "baseline"; None lets both run)."""
@@ -575,7 +621,7 @@ def buffer_bytes(profile, number: str = "") -> int:
     return max(batch, setup_of(number).buffer_floor if number else 0)
 
 
-def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> dict | None:
+def _rung(number: str, namespace: dict, lab, found: dict, student: Worker, sides: Sides) -> dict | None:
     """Notebook ``number``'s rung (its grading module's ``RUNG``): one with no student code in its
     step is measured here (01's naive step; 02's loader in their worker, feeding the judge's own
     fp32 step); one whose step is the student's is built in their worker and timed from here (at
@@ -594,7 +640,54 @@ def _rung(number: str, namespace: dict, lab, found: dict, student: Worker) -> di
         config = train.StepConfig(compiled=rung.compiled)
     return rungs.measure_timed(number, lambda: student.request("rung_step"), config, rungs.rung_lab(rung, lab), found,
                                wait=lambda: student.request("rung_batch"),
-                               peak=(lambda: student.request("rung_peak")["bytes"]) if rung.counts_peak else None)
+                               peak=(lambda: student.request("rung_peak")["bytes"]) if rung.counts_peak else None,
+                               verify=sides.verify)
+
+
+ROLES = ("student", "baseline")
+
+
+def worker_groups(spec: dict) -> tuple[dict, dict[str, list[str]], str, Path | None]:
+    """Each worker's cgroup v2 group and command prefix, ``(groups, prefixes, why there are none,
+    the folder this judge made)``. The grader's, where the spec has them (it made them and built
+    each sandbox prefix to join one: :func:`autograder.deciding._judge`); else, with no sandbox
+    prefix, groups of this judge's own, joined first thing (:meth:`.cgroups.Group.join_command`);
+    else none, and why (a sandbox prefix this judge cannot put a join into: it would join before
+    the memory cgroup, which on a unified machine then moves the worker out of it)."""
+    from . import cgroups
+
+    prefix = list(spec.get("sandbox") or [])
+    given, boxes = spec.get("groups"), spec.get("sandboxes")
+    if isinstance(given, dict) and isinstance(boxes, dict) and all(r in given and r in boxes for r in ROLES):
+        return {r: cgroups.Group(Path(given[r])) for r in ROLES}, {r: list(boxes[r]) for r in ROLES}, "", None
+    same = {r: prefix for r in ROLES}
+    if prefix:
+        return {}, same, "the grader gave its sandboxed workers no cgroup", None
+    why = cgroups.problem()
+    if why:
+        return {}, same, why, None
+    folder = cgroups.mount() / f"lab-judge-{os.getpid()}"
+    try:
+        groups = {r: cgroups.Group.make(folder / r) for r in ROLES}
+    except cgroups.CgroupError as err:
+        cgroups.Group(folder).remove()
+        return {}, same, str(err), None
+    return groups, {r: groups[r].join_command() for r in ROLES}, "", folder
+
+
+def unprotected(number: str, found: dict, why: str) -> str:
+    """Where a side could not be frozen as a whole (``why``), fail every check of notebook
+    ``number`` that compares the two sides' timings and was graded (a pass, or below its bar)
+    with reason "not measured" (a SIGSTOP by pid list is no freeze: issue 60); the note it gets."""
+    from dataclasses import replace
+
+    note = (f"speed not graded: the judge could not freeze one side while it timed the other ({why}); "
+            "the grader grades speed as root on a machine with cgroup v2")
+    for check in setup_of(number).compared:
+        result = found.get(check)
+        if result is not None and result.reason in ("pass", "below bar"):
+            found[check] = replace(result, status="fail", reason="not measured", note=f"{note}. {result.note}")
+    return note
 
 
 def _decide(number: str, found: dict, out: dict) -> None:
@@ -635,13 +728,33 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copyfile(rung, judged / rung.name)
     worker_spec = {"notebook": number, "profile": spec["profile"], "data": spec["data"],
                    "inputs": spec["inputs"]}
-    kw = dict(prefix=list(spec.get("sandbox") or []), env=dict(spec["env"]), buffer_bytes=buffer_bytes(lab.profile, number),
+    groups, prefixes, ungrouped, made = worker_groups(spec)
+    kw = dict(env=dict(spec["env"]), buffer_bytes=buffer_bytes(lab.profile, number),
               reply_timeout_s=float(spec.get("reply_timeout_s") or REPLY_TIMEOUT_S))
+    try:
+        _judge(number, spec, lab, code, out, kw, groups, prefixes, ungrouped, worker_spec)
+    finally:  # whatever happened: the workers' groups, with anything left in them, go
+        for group in groups.values():
+            group.kill()
+        if made is not None:
+            from .cgroups import Group
+
+            Group(made).remove()
+    out["seconds"] = round(time.perf_counter() - started, 2)
+    Path(spec["out"]).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def _judge(number, spec, lab, code, out, kw, groups, prefixes, ungrouped, worker_spec) -> None:
+    """Notebook ``number``'s checks with its workers (:func:`main`'s body, its groups made)."""
+    from labsupport import grading
+
     if not code.is_file():  # nothing carried: every check fails on its missing function, no worker needed
         _decide(number, grading.run(number, {}, lab=lab, keep=False), out)
     else:
-        with Worker("student", worker_spec, **kw) as student, \
-                (Worker("baseline", worker_spec, **kw) if setup_of(number).baseline else contextlib.nullcontext()) as baseline:
+        with Worker("student", worker_spec, prefix=prefixes["student"], group=groups.get("student"), **kw) as student, \
+                (Worker("baseline", worker_spec, prefix=prefixes["baseline"], group=groups.get("baseline"), **kw)
+                 if setup_of(number).baseline else contextlib.nullcontext()) as baseline:
             sides = Sides(student, baseline)
             loaded, names, patched = "", [], []
             for worker in (student, baseline) if baseline else (student,):
@@ -658,20 +771,23 @@ def main(argv: list[str] | None = None) -> int:
             namespace = {} if loaded else {name: sides.make_fast_loader if name == "make_fast_loader" else _stand_in(name)
                                            for name in functions_of(number) if name in names}
             found = grading.run(number, namespace, lab=lab, keep=False, sides=sides, tampered=tampered)
+            if baseline and not ungrouped and not all(w.group.pids() for w in (student, baseline) if not w.broken):
+                ungrouped = "a worker was not in its cgroup"  # a prefix that joined none: no freeze was verified
+            if baseline and ungrouped and lab.profile.grades_speed:
+                out["problems"].append(unprotected(number, found, ungrouped))
             _decide(number, found, out)
+            # What the frozen side used over the blocks verified so far (issue 60's figures).
+            out["frozen_cpu_usec"] = {"blocks": len(sides.paused_usec), "max": max(sides.paused_usec, default=None)}
             if namespace and not tampered:
                 try:
                     sides.focus("candidate")
-                    rung = _rung(number, namespace, lab, found, student)
+                    rung = _rung(number, namespace, lab, found, student, sides)
                     patched = sides.guard()
                     if patched:
                         raise grading.StudentCodeError(grading.patched_note(patched, "while its rung was measured"))
                     out["rung"] = None if rung is None else round(float(rung["samples_per_s"]), 3)
                 except Exception as err:
                     out["problems"].append(f"rung not measured: {type(err).__name__}: {str(err)[:300]}")
-    out["seconds"] = round(time.perf_counter() - started, 2)
-    Path(spec["out"]).write_text(json.dumps(out, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -165,14 +165,17 @@ def build(number: str, namespace: dict, lab) -> tuple[object, train.TrainStep, o
 
 def measure_timed(number: str, step: Callable[[], object], config: train.StepConfig, lab,
                   found: dict[str, CheckResult], wait: Callable[[], object] | None = None,
-                  peak: Callable[[], float] | None = None) -> dict:
+                  peak: Callable[[], float] | None = None,
+                  verify: Callable[[str], Callable[[], str]] | None = None) -> dict:
     """Record notebook ``number``'s rung timed from outside (the grader's judge): ``wait()`` fetches
     the next batch from the student's loader onto the device elsewhere, ``step()`` trains on it;
     each returns when it is done. Throughput as :func:`report.measure_rung` times it, and of the
     phases only the data wait (the fetch's time), which is all a clock outside can split off.
     Peak memory only the process running the step can count: where ``peak()`` asks it for one
     step's (04's rung, whose point is its memory), it is recorded as that process's count.
-    ``lab``'s profile is the rung's (04's: twice the batch)."""
+    ``lab``'s profile is the rung's (04's: twice the batch). ``verify``: the timing and the waits are
+    each one block, kept only where it says the baseline's worker, stopped, did not run
+    (:func:`labsupport.measure.verified`)."""
     import statistics
     import time
 
@@ -181,17 +184,21 @@ def measure_timed(number: str, step: Callable[[], object], config: train.StepCon
     nb = notebooks.get(number)
     profile = lab.profile
     whole = step if wait is None else (lambda: (wait(), step()))
-    timing = measure.time_steps(whole, lab.device, warmup=profile.warmup_steps, steps=profile.measure_steps,
-                                samples_per_step=profile.batch_size, progress=False)
+    timing = measure.verified(lambda: measure.time_steps(whole, lab.device, warmup=profile.warmup_steps,
+                                                         steps=profile.measure_steps,
+                                                         samples_per_step=profile.batch_size, progress=False),
+                              "candidate", verify)
     metrics = {**timing.summary()}
     if wait is not None:
-        waits = []
-        for _ in range(max(3, profile.measure_steps // 2)):
-            started = time.perf_counter()
-            wait()
-            waits.append(1e3 * (time.perf_counter() - started))
-            step()
-        metrics["phases_ms"] = {"data wait": statistics.median(waits)}
+        def timed_waits() -> list[float]:
+            waits = []
+            for _ in range(max(3, profile.measure_steps // 2)):
+                started = time.perf_counter()
+                wait()
+                waits.append(1e3 * (time.perf_counter() - started))
+                step()
+            return waits
+        metrics["phases_ms"] = {"data wait": statistics.median(measure.verified(timed_waits, "candidate", verify))}
     extra = of(number).extras(found, lab)
     if peak is not None:
         metrics.update(peak_bytes=float(peak()), peak_counted_by="the worker running the student's step")

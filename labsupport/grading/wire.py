@@ -22,6 +22,10 @@ import time
 import torch
 
 MESSAGE_BYTES = 64 * 2**10
+# The deepest nesting of arrays and objects a message may have (the protocol's own go 3 deep: a
+# reply's list of tensor descriptions, each a dict with a shape list). Deeper is refused before
+# json.loads sees it: a frame of 64 KiB of "[" raised RecursionError inside it (issue 60).
+MAX_DEPTH = 32
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "uint8": torch.uint8, "int8": torch.int8, "int64": torch.int64, "int32": torch.int32,
           "bool": torch.bool}
@@ -54,13 +58,41 @@ def receive(fd: int, timeout_s: float | None = None) -> dict:
     (size,) = struct.unpack(">I", _read_exactly(fd, 4, deadline))
     if size > MESSAGE_BYTES:
         raise WireError(f"a message of {size} bytes announced (at most {MESSAGE_BYTES})")
+    data = _read_exactly(fd, size, deadline)
+    depth = nesting(data)
+    if depth > MAX_DEPTH:
+        raise WireError(f"a message nested {depth} deep (at most {MAX_DEPTH})")
     try:
-        message = json.loads(_read_exactly(fd, size, deadline))
-    except ValueError as err:
-        raise WireError(f"a message that is not JSON: {err}") from None
+        message = json.loads(data)
+    except (ValueError, RecursionError) as err:
+        raise WireError(f"a message that is not JSON: {type(err).__name__}: {str(err)[:100]}") from None
     if not isinstance(message, dict):
         raise WireError("a message that is not a JSON object")
     return message
+
+
+def nesting(data: bytes) -> int:
+    """How deep ``data``'s JSON arrays and objects nest at most (brackets inside strings not counted)."""
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:  # every reply the protocol sends: no scan
+        return data.count(b"[") + data.count(b"{")
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # closing quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 def put(view: memoryview, tensors: list[torch.Tensor]) -> list[dict]:
