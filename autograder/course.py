@@ -299,20 +299,3 @@ def shown(path: Path) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
-
-
-@contextlib.contextmanager
-def ipc_kernel_manager(kernel_name: str = "python3"):
-    """A Jupyter kernel manager on the ``ipc`` transport (Unix sockets in a private folder).
-
-    A kernel on TCP without CurveZMQ keys logs "Kernel is running over TCP without encryption"
-    (ipykernel's kernelapp.py) at every start, a warning a newcomer reads as a fault; over Unix
-    sockets only this user can connect, and nothing is printed.
-    """
-    import tempfile
-
-    from jupyter_client.manager import KernelManager
-
-    with tempfile.TemporaryDirectory(prefix="lab-kernel-") as folder:
-        yield KernelManager(kernel_name=kernel_name, transport="ipc", ip=str(Path(folder) / "kernel"))
-

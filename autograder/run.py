@@ -7,13 +7,14 @@ a failed correctness partner, a missing stage) fails the run.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import nbformat
 
-from . import course
-from .course import CourseError, declared_checks, environment, graded_test_cells, ipc_kernel_manager, shown
+from . import course, headless, stopping
+from .course import CourseError, declared_checks, environment, graded_test_cells, shown
 
 
 def bar_missed(check: str, reason: str) -> bool:
@@ -68,7 +69,6 @@ def run_reference(where: course.Course | Path, build: Path, *, timeout_s: int = 
     """
     import time
 
-    from nbclient import NotebookClient
     from tqdm.auto import tqdm
 
     build = Path(build).resolve()
@@ -77,8 +77,10 @@ def run_reference(where: course.Course | Path, build: Path, *, timeout_s: int = 
     run_dir.mkdir(parents=True)
     report = build / "report.html"
     env = {"LAB_RESULTS": str(run_dir / "results"), "LAB_REPORT": str(report)}
-    failures, misses, times = [], [], {}
-    with environment(env):
+    failures, misses, ran = [], [], {}
+    # One kernel at a time: each ends (with its workers) before the next starts, and on Ctrl-C or
+    # SIGTERM before run exits. The run's peak: this process and its kernel together.
+    with environment(env), stopping.on_signals(), headless.TreePeak(os.getpid()) as whole:
         for master in tqdm(course.masters(course.of(where).root), desc="reference notebooks", unit="notebook"):
             nb = nbformat.read(master, as_version=4)
             nbformat.write(nb, run_dir / master.name)  # beside the kernel, as a student's is (06 reads its analysis)
@@ -86,16 +88,17 @@ def run_reference(where: course.Course | Path, build: Path, *, timeout_s: int = 
             # The kernel's own stderr (C++ libraries' logging: kineto's USDT lines, "gpuGetDeviceCount
             # failed" on a machine without a GPU) goes to a log file beside the executed notebook,
             # not to the terminal, where a newcomer would read it as a fault.
-            with ipc_kernel_manager() as km, open(run_dir / f"{master.stem}.kernel.log", "w") as log:
-                NotebookClient(nb, km=km, timeout=timeout_s, allow_errors=True,
-                               resources={"metadata": {"path": str(run_dir)}}).execute(stderr=log, stdout=log)
-            times[master.name] = time.perf_counter() - started
+            with open(run_dir / f"{master.stem}.kernel.log", "w") as log:
+                peak_bytes = headless.execute(nb, run_dir, timeout_s=timeout_s, allow_errors=True, log=log)
+            ran[master.name] = (time.perf_counter() - started, peak_bytes)
             nbformat.write(nb, run_dir / master.name)
             missed, failed = outcomes(nb, master.stem, _kept_reasons(run_dir / "results", master.stem[:2]))
             misses += missed
             failures += failed
-    for name, seconds in times.items():
-        print(f"{name:28s} {seconds:6.0f} s")
+    print(f"{'notebook':28s} {'time':>8s} {'peak memory':>12s} (its kernel and the processes it started)")
+    for name, (seconds, peak_bytes) in ran.items():
+        print(f"{name:28s} {seconds:6.0f} s {peak_bytes / 2**30:8.2f} GiB")
+    print(f"{'the run at its peak':28s} {'':8s} {whole.peak_bytes / 2**30:8.2f} GiB (run and its kernel together)")
     if failures:
         raise CourseError("the reference notebooks raised (executed copies in "
                           f"{shown(run_dir)}):\n" + "\n".join(failures))

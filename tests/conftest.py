@@ -9,10 +9,12 @@ with one. Set OMP_NUM_THREADS to run the tests with more.
 """
 
 import os
+import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported, here or in any child
 
+import psutil  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -75,3 +77,67 @@ def tiny_env(monkeypatch, tiny_data, tmp_path) -> Path:
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                    reason="needs a CUDA GPU (run on a GPU machine to cover this)")
+
+
+# --- the suite ends every process it started ------------------------------------------------------
+# Kinds of process a test starts that must not outlive it (issue 62: make run kept every kernel).
+# Each pytest process checks its own descendants when its session ends, after the session's
+# fixtures: under pytest-xdist each worker its own, and the controller fails the session with what
+# any of them left (a worker's exit status does not fail the session).
+STARTED_BY_TESTS = ("ipykernel_launcher", "bwrap", "labsupport.grading.judging", "labsupport.grading.worker",
+                    "labsupport.grading.verdict")
+GRACE_S = 10  # a process killed by a test's last line may still be on its way out
+_LEFT_BY_WORKERS: list[str] = []
+
+
+def left_running(grace_s: float = GRACE_S) -> list[str]:
+    """This process's descendants of STARTED_BY_TESTS still running after ``grace_s`` (zombies,
+    already ended, aside), described; they are killed, so that the suite leaves none."""
+    def running(processes):
+        alive = []
+        for process in processes:
+            try:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
+            except psutil.Error:
+                pass
+        return alive
+
+    started = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if any(kind in " ".join(process.cmdline()) for kind in STARTED_BY_TESTS):
+                started.append(process)
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + grace_s
+    while (left := running(started)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    described = []
+    for process in left:
+        try:
+            described.append(f"pid {process.pid} (parent {process.ppid()}): {' '.join(process.cmdline())[:200]}")
+            process.kill()
+        except psutil.Error:
+            pass
+    return described
+
+
+@pytest.hookimpl(trylast=True)  # after the runner's, which tears the session's fixtures down
+def pytest_sessionfinish(session):
+    left = left_running()
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: its controller reports it
+        session.config.workeroutput["left_running"] = left
+        return
+    left += _LEFT_BY_WORKERS
+    if left:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_sep("=", f"processes the tests started, still running at their end: {len(left)}", red=True)
+        for line in left:
+            reporter.write_line(line)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, on its controller
+def pytest_testnodedown(node, error):
+    _LEFT_BY_WORKERS.extend(getattr(node, "workeroutput", {}).get("left_running", []))

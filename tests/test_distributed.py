@@ -10,22 +10,20 @@ import nbformat
 import pytest
 import torch
 
-from autograder import course, reference
+from autograder import course, headless, reference
 from labsupport import carry, distributed
 
 MASTER = course.masters_dir() / "08_distributed.ipynb"
 
 
 def test_the_distributed_notebook_runs_in_two_processes(tmp_path, tiny_data):
-    from nbclient import NotebookClient
-
     nb = nbformat.read(MASTER, as_version=4)
     # 08's accumulation runs the student's accumulate_step from 04: here, the reference's, kept as
     # 04's checks keep a student's
     carry.keep("04", reference.namespace("04"), tmp_path / "results" / "code")
     env = {"LAB_RESULTS": str(tmp_path / "results"), "LAB_DATA": str(tiny_data), "LAB_PROFILE": "tiny"}
-    with course.environment(env), course.venv_on_path(), course.ipc_kernel_manager() as km:
-        NotebookClient(nb, km=km, timeout=300, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    with course.environment(env), course.venv_on_path():
+        headless.execute(nb, tmp_path, timeout_s=300)
     printed = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
     assert "2 processes, gradients: the gradients of 1 process on the whole batch" in printed
     assert "2 processes, gradients, 2 micro-batches, no_sync: the gradients of 1 process" in printed
