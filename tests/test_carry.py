@@ -194,3 +194,56 @@ def test_what_cannot_be_carried_fails_the_self_check_loudly(tmp_path, monkeypatc
     assert found.status == "fail" and "NAMES (used by your graded code): a generator" in found.note, found
     assert fixed.reason == "below bar" and fixed.measured is not None, fixed  # measured (its answers are wrong)
     assert callable(carry.load("01", directory=tmp_path / "results" / "code").diagnose)
+
+
+# --- whole submissions: correct code in other ordinary styles, at full marks ------------------
+
+# Scenario submissions (tests/scenarios/style-*), each a style family across 02-04, and the notebooks
+# graded here: each notebook's solution cells run as a kernel runs them, its checks keep the code,
+# and the judge grades it in its sandboxed workers (as the grader does, without the rest of the
+# notebook's cells, which the reference's run through in test_instructor.py).
+STYLED = ("style-module", "style-functional")
+STYLED_NOTEBOOKS = ("02_data_loading", "03_amp", "04_checkpointing")
+
+
+def _kept_by_a_kernel(nb, number: str) -> bytes:
+    """What notebook ``nb``'s checks keep after its setup names and graded solution cells ran in an
+    IPython kernel (its ``__main__``: a dataclass there needs its module in sys.modules)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from labsupport import notebooks
+
+    ids = notebooks.get(number).graded
+    try:
+        space = _kernel(["import labsupport as ls\nimport torch\nimport torch.nn.functional as F\n"
+                         "import pandas as pd\nlab = ls.grading.grading_lab()\n"]
+                        + [c.source for c in nb.cells if c.cell_type == "code" and c.get("id") in ids
+                           and c.metadata.get("nbgrader", {}).get("solution")])
+        return carry.dumps(number, space)
+    finally:
+        InteractiveShell.clear_instance()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", STYLED)
+def test_correct_code_in_another_style_gets_full_marks_through_the_judge(scenario, tmp_path, tiny_data, tiny_env):
+    import scenarios
+    from test_instructor import LOSES, POINTS
+    from test_judge import judge
+
+    from autograder import course, deciding, sandbox
+    from labsupport import grading
+
+    if sandbox.problem() is not None:
+        pytest.skip(f"no grading sandbox here: {sandbox.problem()}")
+    handed_in = scenarios.from_checkout(scenario)
+    lab, kept, lost = grading.grading_lab(), {}, {}
+    for name in STYLED_NOTEBOOKS:
+        number = name[:2]
+        kept[number] = _kept_by_a_kernel(handed_in[name], number)
+        verdict = judge(tmp_path / number, tiny_data, None, notebook=number, kept=kept, boxed=True)
+        _, passed = deciding.score(verdict, deciding.checks_by_cell(course.COURSE_ROOT)[name], lab.machine)
+        assert set(passed) == set(POINTS[name])
+        lost[name] = {cell for cell, ok in passed.items() if not ok}
+        assert not verdict["problems"], (name, verdict["problems"])
+    assert lost == {name: LOSES[scenario].get(name, set()) for name in STYLED_NOTEBOOKS}, (scenario, lost)
