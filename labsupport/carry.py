@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import importlib
 import inspect
 import io
 import linecache
@@ -89,6 +90,11 @@ class _Pickler(cloudpickle.Pickler):
         if isinstance(obj, functools._lru_cache_wrapper) and not _importable(obj):
             info = obj.cache_parameters()
             return _lru_cached, (obj.__wrapped__, info["maxsize"], info["typed"])
+        if isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType \
+                and sys.modules.get(obj.__name__) is obj:
+            # A module of a ModuleType subclass (torch._inductor.config, which 05's reference sets):
+            # by import, as cloudpickle takes plain modules (its reducers are looked up by exact type).
+            return importlib.import_module, (obj.__name__,)
         return super().reducer_override(obj)
 
 
@@ -163,7 +169,7 @@ def _reached(functions: dict, namespace: dict) -> list[str]:
                     found.add(name)
                     todo.append(namespace[name])
         todo += _parts(obj)
-    return [n for n in namespace if n in found and n not in functions]
+    return [n for n in namespace if n in found and n not in functions and not n.startswith("__")]
 
 
 def _what(obj) -> str:

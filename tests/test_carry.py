@@ -47,6 +47,9 @@ STYLES = {
                      "def choose_precision(x):\n    return Helper(x).twice\n"],
     "import inside a function": ["def choose_precision(x):\n    import math\n    from statistics import median\n"
                                  "    return math.floor(median([x, x + 1.5, 0]))\n"],
+    "a config module (05's Inductor setting)": ["import torch\n",
+                                                "def choose_precision(x):\n    torch._inductor.config.freezing = True\n"
+                                                "    return [x, torch._inductor.config.freezing]\n"],
     "the notebook's lab": ["def choose_precision(x):\n    return [x, lab.seed, lab.machine.device_class]\n"],
 }
 ARGS = (3,)
