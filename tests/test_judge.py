@@ -310,27 +310,36 @@ def test_in_the_sandbox_the_worker_reaches_neither_the_judge_nor_its_files(tmp_p
     heap is steady before the student's code runs (measure.steady_heap: a 20 MiB block comes from
     the heap, not a fresh mapping)."""
     judged = tmp_path / "judged"
+    # Probed where the code runs, at its first call (what a kernel computed at module level is
+    # carried as the kernel's value).
     code = reference_02 + f'''
 
-import ctypes as _ctypes
-import os as _os
-from pathlib import Path as _Path
+def _probe(_seen={{}}):
+    import ctypes as _ctypes
+    import os as _os
+    from pathlib import Path as _Path
 
-_seen = {{"uid": _os.getuid(), "pids": sorted(int(p) for p in _os.listdir("/proc") if p.isdigit())}}
-_libc = _ctypes.CDLL(None)
-_libc.malloc.restype = _ctypes.c_void_p
-_block = _libc.malloc(20 * 2**20)
-_seen["heap"] = any(line.rstrip().endswith("[heap]") and int(line.split("-")[0], 16) <= _block
-                    < int(line.split()[0].split("-")[1], 16) for line in open("/proc/self/maps"))
-try:
-    (_Path({str(judged)!r}) / "02-data.json").write_text("forged")
-    _seen["wrote"] = True
-except OSError:
-    _seen["wrote"] = False
+    if _seen:
+        return _seen
+    _seen.update({{"uid": _os.getuid(), "pids": sorted(int(p) for p in _os.listdir("/proc") if p.isdigit())}})
+    _libc = _ctypes.CDLL(None)
+    _libc.malloc.restype = _ctypes.c_void_p
+    _block = _libc.malloc(20 * 2**20)
+    _seen["heap"] = any(line.rstrip().endswith("[heap]") and int(line.split("-")[0], 16) <= _block
+                        < int(line.split()[0].split("-")[1], 16) for line in open("/proc/self/maps"))
+    try:
+        (_Path({str(judged)!r}) / "02-data.json").write_text("forged")
+        _seen["wrote"] = True
+    except OSError:
+        _seen["wrote"] = False
+    return _seen
+
+
 _honest_make = make_fast_loader
 
 
 def make_fast_loader(lab, split="train", augment=True):
+    _seen = _probe()
     if _seen["uid"] == 0 or _seen["wrote"] or max(_seen["pids"]) > 100 or not _seen["heap"]:
         raise RuntimeError(f"not the sandbox the judge set up: {{_seen}}")
     return _honest_make(lab, split, augment)
