@@ -94,7 +94,7 @@ def round_trips(tmp_path_factory):
               f"for n, style in enumerate({list(STYLES)!r}):\n"
               f"    out[style] = carry.load('03', lab=lab, directory={str(top)!r} + f'/{{n}}').choose_precision(*{ARGS!r})\n"
               "print(json.dumps(out))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     fresh = json.loads(done.stdout.strip().splitlines()[-1])
