@@ -60,7 +60,7 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     """Run notebook ``number``'s verdict process; returns its verdicts (``{"error": ...}`` if none).
 
     ``dirs`` are the submission's folders (submission.Folders). What the process takes from the kernel,
-    the code its checks carried forward (``code/<NN>.py``), is read from the
+    the code its checks carried forward (``code/<NN>.pkl``, bytes only: root never unpickles it), is read from the
     kernel's results store through :mod:`.boundary` into ``inputs/<NN>/``, a fresh folder root owns
     and the sandbox sees read-only, beside the spec; the process copies them into the grader's
     store itself. Its verdict comes back as a file in ``outbox/``, read the same bounded way, and
@@ -77,9 +77,9 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     # What the process takes, from where: the kernel's carried code; for a judged
     # notebook, also the earlier notebooks' carried code its student worker runs, as this grader
     # kept it (root's copy where a judge decided that notebook, else the store its verdict wrote).
-    wanted = [(dirs.results, f"code/{number}.py")]
+    wanted = [(dirs.results, f"code/{number}.pkl")]
     for earlier in judge_setup.earlier_code(number) if judged else ():
-        name = f"code/{earlier}.py"
+        name = f"code/{earlier}.pkl"
         wanted.append((dirs.judged if (dirs.judged / name).is_file() else dirs.store, name))
         changed = _changed_since_checked(dirs, name)
         if changed:
@@ -139,7 +139,7 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
 
 
 def _changed_since_checked(dirs, name: str) -> str:
-    """A note where the kernel's copy of carried code ``name`` (``code/<NN>.py`` in its results
+    """A note where the kernel's copy of carried code ``name`` (``code/<NN>.pkl`` in its results
     store) is not the one root kept when that notebook's checks were judged: a later kernel changed
     it. The judge takes root's copy either way; the note says so."""
     ours = dirs.judged / name

@@ -1,24 +1,69 @@
 """Code carried forward: what one notebook's checks measured is what later notebooks load back.
 
-The functions come back with the imports, constants and helper functions they use; what cannot
-be carried (a tensor made in another cell) is named, and a notebook whose code was never kept
+The graded functions are carried by value (cloudpickle) with everything they use, as the kernel
+had it, and come back in a fresh process, as the grader's worker and a new Colab runtime load
+them; the loading side's ``lab`` takes the kernel's place. What cannot be carried is named with
+what to change, in the self-check and where it is loaded; a notebook whose code was never kept
 gets an error that names the notebook to run.
 """
 
-import linecache
-import textwrap
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from labsupport import carry
 
+ROOT = Path(__file__).resolve().parent.parent
 
-def _cell(source: str, namespace: dict, name: str = "<cell>") -> None:
-    """Run ``source`` as a notebook cell would: registered in linecache, as IPython does."""
-    source = textwrap.dedent(source)
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-    exec(compile(source, name, "exec"), namespace)
+# Correct code in the ordinary styles students write, each as kernel cells that define 03's
+# ``choose_precision`` (any graded name will do); each call's answer must be the same after the trip.
+STYLES = {
+    "module-level tensor": ["import torch\n_MEAN = torch.tensor([0.485, 0.456, 0.406])\n_STD = _MEAN * 0 + 0.25\n",
+                            "def choose_precision(x):\n    return ((torch.ones(3) * x - _MEAN) / _STD).tolist()\n"],
+    "contextmanager helper": ["import contextlib\n\n@contextlib.contextmanager\ndef scaled(n):\n"
+                              "    yield n * 2\n",
+                              "def choose_precision(x):\n    with scaled(x) as y:\n        return y + 1\n"],
+    "functools.wraps decorator": ["import functools\n\ndef plus_one(fn):\n    @functools.wraps(fn)\n"
+                                  "    def wrapper(*args):\n        return fn(*args) + 1\n    return wrapper\n",
+                                  "@plus_one\ndef choose_precision(x):\n    return x * 3\n"],
+    "lru_cache": ["from functools import lru_cache\n\n@lru_cache(maxsize=None)\ndef _square(n):\n    return n * n\n",
+                  "def choose_precision(x):\n    return _square(x) + (_square.cache_info().maxsize is None)\n"],
+    "dataclass": ["from dataclasses import dataclass, field\n\n@dataclass(frozen=True)\nclass Choice:\n"
+                  "    scale: int = 2\n    tags: list = field(default_factory=lambda: ['a'])\n",
+                  "def choose_precision(x):\n    return Choice().scale * x + len(Choice().tags)\n"],
+    "partial": ["import functools\n\ndef _pick(x, offset):\n    return x + offset\n",
+                "choose_precision = functools.partial(_pick, offset=10)\n"],
+    "lambda": ["_double = lambda v: 2 * v\n", "choose_precision = lambda x: _double(x) - 1\n"],
+    "closure": ["def _make(k):\n    table = {n: n * k for n in range(10)}\n    def inner(x):\n"
+                "        return table[x]\n    return inner\n", "choose_precision = _make(7)\n"],
+    "helper class": ["class Helper:\n    SCALE = 2\n    def __init__(self, n):\n        self.n = n\n\n"
+                     "    @staticmethod\n    def k():\n        return Helper.SCALE\n\n    @property\n"
+                     "    def twice(self):\n        return self.k() * self.n\n",
+                     "def choose_precision(x):\n    return Helper(x).twice\n"],
+    "import inside a function": ["def choose_precision(x):\n    import math\n    from statistics import median\n"
+                                 "    return math.floor(median([x, x + 1.5, 0]))\n"],
+    "a config module (05's Inductor setting)": ["import torch\n",
+                                                "def choose_precision(x):\n    torch._inductor.config.freezing = True\n"
+                                                "    return [x, torch._inductor.config.freezing]\n"],
+    "the notebook's lab": ["def choose_precision(x):\n    return [x, lab.seed, lab.machine.device_class]\n"],
+}
+ARGS = (3,)
+
+
+def _kernel(cells: list[str], extra: dict | None = None) -> dict:
+    """A kernel's namespace after running ``cells`` (IPython, as a notebook runs them)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.user_ns.update(extra or {})
+    for cell in cells:
+        assert shell.run_cell(cell).success, cell
+    return shell.user_ns
 
 
 @pytest.fixture
@@ -27,38 +72,92 @@ def store(tmp_path, monkeypatch):
     return tmp_path / "results" / "code"
 
 
-def test_a_function_comes_back_with_its_imports_constants_and_helpers(store):
-    space = {"__name__": "__main__", "torch": torch}
-    _cell("""
-        import numpy as np
-        import torch.nn.functional as F
-        SCALE = 2.5
-        DTYPE = torch.bfloat16
+@pytest.fixture(scope="module")
+def round_trips(tmp_path_factory):
+    """``{style: (answer in the kernel, answer in a fresh process)}``: each style kept from an
+    IPython kernel, loaded and called in one fresh Python, with a lab of its own (seed 7)."""
+    from IPython.core.interactiveshell import InteractiveShell
 
-        def _helper(x):
-            return np.float64(x) * SCALE
+    from labsupport import grading
 
-        def choose_precision(machine):
-            return {"dtype": DTYPE, "channels_last": _helper(1) > 2 and F is not None}
-    """, space, "<cell 1>")
-    path = carry.keep("03", space)
-    text = path.read_text()
-    assert "import numpy as np" in text and "SCALE = 2.5" in text and "def _helper" in text
-    assert "from torch.nn import functional as F" in text and "DTYPE = torch.bfloat16" in text
-    back = carry.load("03")
-    assert back.choose_precision(None) == {"dtype": torch.bfloat16, "channels_last": True}
-    assert not hasattr(back, "amp_train_step")  # not defined in that notebook: not carried
+    top = tmp_path_factory.mktemp("carried")
+    kernel = {}
+    for n, (style, cells) in enumerate(STYLES.items()):
+        try:
+            space = _kernel(cells, {"lab": grading.grading_lab()})
+            kernel[style] = json.loads(json.dumps(space["choose_precision"](*ARGS)))
+            carry.keep("03", space, top / str(n))
+        finally:
+            InteractiveShell.clear_instance()
+    script = ("import dataclasses, json, sys\nfrom labsupport import carry, grading\n"
+              "lab = dataclasses.replace(grading.grading_lab(), seed=7)\nout = {}\n"
+              f"for n, style in enumerate({list(STYLES)!r}):\n"
+              f"    out[style] = carry.load('03', lab=lab, directory={str(top)!r} + f'/{{n}}').choose_precision(*{ARGS!r})\n"
+              "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    fresh = json.loads(done.stdout.strip().splitlines()[-1])
+    return {style: (kernel[style], fresh[style]) for style in STYLES}
 
 
-def test_what_cannot_be_carried_is_named(store, capsys):
-    space = {"__name__": "__main__", "weights": torch.ones(3)}
-    _cell("""
-        def make_fast_loader(lab, split="train", augment=True):
-            return weights
-    """, space, "<cell 2>")
-    text = carry.keep("02", space).read_text()
-    assert "# not carried: weights: a Tensor object" in text
-    assert "create it inside the function" in capsys.readouterr().out
+@pytest.mark.parametrize("style", STYLES)
+def test_each_style_comes_back_in_a_fresh_process(round_trips, style):
+    kernel, fresh = round_trips[style]
+    if style == "the notebook's lab":  # not carried: the loading side's lab (seed 7) takes its place
+        assert fresh == [kernel[0], 7, kernel[2]] and kernel[1] == 0, (kernel, fresh)
+    else:
+        assert fresh == kernel, f"{style}: {kernel} in the kernel, {fresh} after the carry"
+
+
+def test_the_readable_copy_shows_the_source_and_is_not_loaded(store):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    try:
+        space = _kernel(STYLES["module-level tensor"] + STYLES["contextmanager helper"][:1])
+        carry.keep("03", space)
+    finally:
+        InteractiveShell.clear_instance()
+    text = (store / "03.py").read_text()
+    assert "def choose_precision" in text and "_MEAN: a Tensor (torch.float32, shape (3,))" in text, text
+    assert "not this file" in text
+    (store / "03.py").write_text("def choose_precision(x):\n    return 'edited'\n")
+    assert carry.load("03").choose_precision(1) != "edited"
+
+
+def test_what_cannot_be_carried_is_named_with_what_to_change(store):
+    """A generator made at module level cannot be pickled: keep names it and says what to change,
+    and a later notebook's load says the same, not a stale copy of older code."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    try:
+        ok = _kernel(["def choose_precision(x):\n    return x\n"])
+        carry.keep("03", ok)
+        InteractiveShell.clear_instance()
+        space = _kernel(["_batches = (n for n in range(3))\n",
+                         "def choose_precision(x):\n    return next(_batches) + x\n"])
+        with pytest.raises(carry.CarryError, match="_batches.*generator.*make it inside the function"):
+            carry.keep("03", space)
+    finally:
+        InteractiveShell.clear_instance()
+    with pytest.raises(carry.CarryError, match="03_amp.ipynb was not carried forward: _batches"):
+        carry.load("03")
+    assert "NOT CARRIED: _batches" in (store / "03.py").read_text()
+
+
+def test_too_big_names_the_value_and_what_to_change(store, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.setattr(carry, "MAX_BYTES", 2**20)
+    try:
+        space = _kernel(["import torch\n_CACHE = torch.zeros(2**19)\n",
+                         "def choose_precision(x):\n    return _CACHE[x]\n"])
+        found = carry.problems("03", space)
+    finally:
+        InteractiveShell.clear_instance()
+    assert len(found) == 1 and "over the 1 MB" in found[0], found
+    assert "_CACHE holds a Tensor (torch.float32, shape (524288,)) of 2.0 MB" in found[0], found
+    assert "inside the function that uses it" in found[0]
 
 
 def test_missing_code_names_the_notebook_to_run(store):
@@ -77,51 +176,77 @@ def test_the_reference_loader_round_trips(store, tiny_data, tiny, monkeypatch):
     assert images.shape == (tiny.batch_size, 3, tiny.image_size, tiny.image_size)
 
 
-def test_a_helper_class_beside_the_graded_function_is_carried(tmp_path):
-    """Classes defined in notebook cells, as IPython runs them (inspect.getsource cannot read a
-    class whose module is __main__): a helper with a static method and a property, and a
-    dataclass whose generated methods have no cell, are carried with the function that uses them."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    try:
-        for cell in ("from dataclasses import dataclass\nSCALE = 2\n\n@dataclass\nclass Cfg:\n    n: int = 3\n",
-                     "class Helper:\n    def __init__(self, n):\n        self.n = n\n\n    @staticmethod\n"
-                     "    def k():\n        return SCALE\n\n    @property\n    def twice(self):\n"
-                     "        return self.k() * self.n * Cfg().n\n",
-                     "def graded(x):\n    return Helper(x).twice\n"):
-            assert shell.run_cell(cell).success
-        source, problems = carry.source_of(["graded"], shell.user_ns)
-    finally:
-        InteractiveShell.clear_instance()
-    assert problems == [], problems
-    namespace = {"__name__": "carried"}
-    exec(compile(source, "carried", "exec"), namespace)
-    assert namespace["graded"](5) == 30
-
-
 def test_what_cannot_be_carried_fails_the_self_check_loudly(tmp_path, monkeypatch):
-    """In a kernel (IPython, ``__name__ == "__main__"``), a graded function that needs a notebook
-    object carry cannot rebuild (a tensor) fails its checks there, saying what, rather than
-    passing in the kernel and scoring 0 in the grader; constants that are tuples of literals carry."""
+    """In a kernel (IPython, ``__name__ == "__main__"``), a graded function that uses something carry
+    cannot take (a generator) fails its checks there, saying what, rather than passing in the
+    kernel and scoring 0 in the grader; a module-level tensor is carried."""
     from IPython.core.interactiveshell import InteractiveShell
 
     from labsupport import grading
 
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
-    shell = InteractiveShell.instance()
     try:
-        for cell in ("import torch\nWEIGHTS = torch.ones(3)\nNAMES = ('compute', 'data wait')\n",
-                     "def diagnose(breakdown):\n    assert WEIGHTS.sum() == 3 and len(NAMES) == 2\n"
-                     "    return max(breakdown, key=breakdown.get)\n"):
-            assert shell.run_cell(cell).success
-        assert carry.problems("01", shell.user_ns) == [
-            "WEIGHTS: a Tensor object, which later notebooks cannot get back; create it inside the function that uses it"]
-        found = grading.run("01", shell.user_ns, only=("01-diagnose",))["01-diagnose"]
-        shell.run_cell("WEIGHTS = 3.0\ndef diagnose(breakdown):\n    assert WEIGHTS == 3 and len(NAMES) == 2\n"
-                       "    return max(breakdown, key=breakdown.get)\n")
-        fixed = grading.run("01", shell.user_ns, only=("01-diagnose",))["01-diagnose"]
+        space = _kernel(["import torch\nWEIGHTS = torch.ones(3)\nNAMES = (n for n in ('compute', 'data wait'))\n",
+                         "def diagnose(breakdown):\n    assert WEIGHTS.sum() == 3 and NAMES is not None\n"
+                         "    return max(breakdown, key=breakdown.get)\n"])
+        found = grading.run("01", space, only=("01-diagnose",))["01-diagnose"]
+        _kernel(["NAMES = ('compute', 'data wait')\n"])
+        fixed = grading.run("01", space, only=("01-diagnose",))["01-diagnose"]
     finally:
         InteractiveShell.clear_instance()
-    assert found.status == "fail" and "WEIGHTS: a Tensor object" in found.note, found
+    assert found.status == "fail" and "NAMES (used by your graded code): a generator" in found.note, found
     assert fixed.reason == "below bar" and fixed.measured is not None, fixed  # measured (its answers are wrong)
+    assert callable(carry.load("01", directory=tmp_path / "results" / "code").diagnose)
+
+
+# --- whole submissions: correct code in other ordinary styles, at full marks ------------------
+
+# Scenario submissions (tests/scenarios/style-*), each a style family across 02-04, and the notebooks
+# graded here: each notebook's solution cells run as a kernel runs them, its checks keep the code,
+# and the judge grades it in its sandboxed workers (as the grader does, without the rest of the
+# notebook's cells, which the reference's run through in test_instructor.py).
+STYLED = ("style-module", "style-functional")
+STYLED_NOTEBOOKS = ("02_data_loading", "03_amp", "04_checkpointing")
+
+
+def _kept_by_a_kernel(nb, number: str) -> bytes:
+    """What notebook ``nb``'s checks keep after its setup names and graded solution cells ran in an
+    IPython kernel (its ``__main__``: a dataclass there needs its module in sys.modules)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from labsupport import notebooks
+
+    ids = notebooks.get(number).graded
+    try:
+        space = _kernel(["import labsupport as ls\nimport torch\nimport torch.nn.functional as F\n"
+                         "import pandas as pd\nlab = ls.grading.grading_lab()\n"]
+                        + [c.source for c in nb.cells if c.cell_type == "code" and c.get("id") in ids
+                           and c.metadata.get("nbgrader", {}).get("solution")])
+        return carry.dumps(number, space)
+    finally:
+        InteractiveShell.clear_instance()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", STYLED)
+def test_correct_code_in_another_style_gets_full_marks_through_the_judge(scenario, tmp_path, tiny_data, tiny_env):
+    import scenarios
+    from test_instructor import LOSES, POINTS
+    from test_judge import judge
+
+    from autograder import course, deciding, sandbox
+    from labsupport import grading
+
+    if sandbox.problem() is not None:
+        pytest.skip(f"no grading sandbox here: {sandbox.problem()}")
+    handed_in = scenarios.from_checkout(scenario)
+    lab, kept, lost = grading.grading_lab(), {}, {}
+    for name in STYLED_NOTEBOOKS:
+        number = name[:2]
+        kept[number] = _kept_by_a_kernel(handed_in[name], number)
+        verdict = judge(tmp_path / number, tiny_data, None, notebook=number, kept=kept, boxed=True)
+        _, passed = deciding.score(verdict, deciding.checks_by_cell(course.COURSE_ROOT)[name], lab.machine)
+        assert set(passed) == set(POINTS[name])
+        lost[name] = {cell for cell, ok in passed.items() if not ok}
+        assert not verdict["problems"], (name, verdict["problems"])
+    assert lost == {name: LOSES[scenario].get(name, set()) for name in STYLED_NOTEBOOKS}, (scenario, lost)

@@ -816,13 +816,14 @@ def test_06_a_carried_step_that_does_less_when_it_is_timed_fails_end_to_end(tmp_
     test above reaches the ladder, the partner after it.)"""
     import scenarios
 
-    code = tmp_path / "results" / "code" / "03.py"
-    code.write_text(code.read_text() + "\n\n" + scenarios.timed_from_my_stack() + "\n\n\n" + (
+    space = solution("03")  # the reference's 03, and the bent step after it in the same kernel
+    exec(scenarios.timed_from_my_stack() + "\n\n\n" + (
         "_honest_step = amp_train_step\n\n\n"
         "def amp_train_step(model, optimizer, scaler, images, labels, dtype):\n"
         "    for name, p in model.named_parameters():\n"
         "        p.requires_grad_(name.startswith(\"fc.\") or not _timed())\n"
-        "    return _honest_step(model, optimizer, scaler, images, labels, dtype)\n"))
+        "    return _honest_step(model, optimizer, scaler, images, labels, dtype)\n"), space)
+    ls.carry.keep("03", space)
     result = checks.run("06", solution("06", "assemble_ladder"), only=("06-end-to-end",))["06-end-to-end"]
     assert result.status == "fail" and "timed call (sampled after the timing" in result.note, result.note
 

@@ -124,6 +124,9 @@ LOSES = {
     "patched-baseline": {},
     # written differently from the master, correct: full marks (graded in test_unbatched.py)
     "variant": {},
+    # correct 02-04 in other ordinary styles (module-level tensors, decorated helpers, dataclass;
+    # partials, lambdas, closures): full marks, through the judge (graded in test_carry.py)
+    "style-module": {}, "style-functional": {},
     "reuse": {"02_data_loading": set(POINTS["02_data_loading"]),
               "03_amp": {"test_accuracy", "test_amp_speedup", "test_activation_memory"},
               "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"},
@@ -140,7 +143,9 @@ SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
            "slow-loader": set(POINTS) - {"01_profile", "04_checkpointing", "05_compile", "07_compression"}, "hostile": {"01_profile"},
            "cheater": {"01_profile", "02_data_loading", "06_report"},
            "outsider": {"01_profile", "02_data_loading"}, "filler": {"01_profile"},
-           "sleeper": {"01_profile", "02_data_loading"}, "lib": {"02_data_loading"}}
+           "sleeper": {"01_profile", "02_data_loading"}, "lib": {"02_data_loading"},
+           "style-module": {"02_data_loading", "03_amp", "04_checkpointing"},
+           "style-functional": {"02_data_loading", "03_amp", "04_checkpointing"}}
 # Notebooks of a scenario left out of this batch, to keep make test under 30 minutes: each one's
 # wrong code is graded on its own in tests/test_checks.py (hardcoded 05's uncompiled model:
 # test_05_break_even_and_outputs...; wrong-but-fast 03's missing backward and 04's unscaled
@@ -171,6 +176,8 @@ OUT_OF_BATCH = {
                  "and its 03's missing autocast is test_grading's fp16-without-a-scaler case",
     "variant": "its one notebook is graded without a kernel in test_unbatched.py (the carry of a helper "
                "class from a kernel's cell: test_carry.py)",
+    "style-module": "its 02-04 are graded through the judge and the sandbox, without a kernel, in test_carry.py",
+    "style-functional": "its 02-04 are graded through the judge and the sandbox, without a kernel, in test_carry.py",
     "monkeypatch": "verdicts run outside the kernel, so a labsupport function patched there is never called "
                    "by the grader (cheater and patched-baseline bend the kernel's side, and are graded here)",
 }

@@ -3,7 +3,8 @@ student code, driving the student's carried code in a worker and the baseline in
 none: what its checks compare with, the judge measures itself).
 
 Each submission here is carried code as a careless or clever student writes it, handed to the
-judge exactly as the grader hands it (``inputs/code/NN.py``, and for 06 the rungs and the
+judge exactly as the grader hands it (``inputs/code/NN.pkl``, kept from a kernel's cells by
+:func:`carried`; for 06 the rungs and the
 report), at the tiny profile; where speed
 matters, at ``tiny:grades_speed=1``. The sandboxed cases need root and bubblewrap (``make test``
 installs it) and skip visibly without them; those that grade speed need cgroup v2 groups (root),
@@ -35,20 +36,61 @@ needs_cgroups = pytest.mark.skipif(cgroups.problem() is not None,
 
 
 @pytest.fixture(scope="module")
-def reference_code(tmp_path_factory, tiny_data) -> dict[str, str]:
-    """The reference's carried code of every notebook, as the grader's kernel keeps it."""
-    from autograder import reference
+def reference_code() -> dict[str, str]:
+    """The reference's solution cells of every notebook, as a kernel runs them (:func:`carried`
+    turns them into the carried code the grader hands over)."""
+    import nbformat
 
-    results = tmp_path_factory.mktemp("kernel-results")
-    env = {"LAB_DATA": str(tiny_data), "LAB_PROFILE": "tiny", "LAB_RESULTS": str(results)}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        reference.keep_all()
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    return {path.stem: path.read_text() for path in (results / "code").glob("*.py")}
+    from autograder import course
+    from labsupport import notebooks
+
+    out = {}
+    for master in course.graded_masters():
+        ids = notebooks.get(master.name[:2]).graded
+        cells = [c.source for c in nbformat.read(master, as_version=4).cells
+                 if c.cell_type == "code" and c.get("id") in ids and c.metadata.get("nbgrader", {}).get("solution")]
+        out[master.name[:2]] = "\n\n\n".join(cells) + "\n"
+    return out
+
+
+# A kernel's cells, carried: run as a notebook's cells (after its setup cell's names), then kept by
+# carry.keep, in a process of their own. So that code which bends the lab as it loads is still
+# tested, the pickle also runs the cells' text again as it loads, before the functions (what a
+# hand-made NN.pkl can do: unpickling runs code, which is why only the sandboxed worker loads it).
+KERNEL = """
+import json, linecache, sys
+from pathlib import Path
+import pandas as pd, torch
+import labsupport as ls
+from labsupport import carry, grading, notebooks
+
+class RunsOnLoad:
+    def __init__(self, text):
+        self.text = text
+    def __reduce__(self):
+        return exec, (self.text, {"__name__": "carried", "ls": ls, "torch": torch, "F": torch.nn.functional,
+                                  "pd": pd, "lab": LAB})
+
+LAB = grading.grading_lab()
+for number, text, dest in json.loads(sys.argv[1]):
+    space = {"__name__": "__main__", "ls": ls, "torch": torch, "F": torch.nn.functional, "pd": pd, "lab": LAB}
+    linecache.cache[f"<cell {number}>"] = (len(text), None, text.splitlines(True), f"<cell {number}>")
+    exec(compile(text, f"<cell {number}>", "exec"), space)
+    carry.keep(number, space, Path(dest).parent)
+    functions = {n: space[n] for n in notebooks.get(number).graded if n in space}
+    Path(dest).write_bytes(carry._dumps({"notebook": number, "on_load": RunsOnLoad(text), "functions": functions}))
+"""
+
+
+def carried(texts: dict[str, str], folder: Path) -> None:
+    """Each ``{number: cells' text}`` carried into ``folder/NN.pkl``, as a kernel's checks keep it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not texts:
+        return
+    jobs = [(n, text, str(folder / f"{n}.pkl")) for n, text in texts.items()]
+    done = subprocess.run([sys.executable, "-c", KERNEL, json.dumps(jobs)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "LAB_PROFILE": "tiny"})
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +100,12 @@ def reference_02(reference_code) -> str:
 
 def judge(tmp_path, tiny_data, code: str | None, *, notebook: str = "02", earlier: dict[str, str] | None = None,
           profile: str = "tiny", boxed: bool = False, reply_timeout_s: float | None = None,
-          thresholds: Path | None = None, prefix: list[str] | None = None, ladder: bool = False) -> dict:
+          thresholds: Path | None = None, prefix: list[str] | None = None, ladder: bool = False,
+          kept: dict[str, bytes] | None = None) -> dict:
     """Run the judge on ``code`` as notebook ``notebook``'s carried code (``earlier``: earlier
     notebooks' carried code, as the grader hands it over); its verdict. ``ladder``: hand it what
-    06 reads as the grader would, every rung recorded on this machine and an exported report."""
+    06 reads as the grader would, every rung recorded on this machine and an exported report.
+    ``kept``: carried files as a kernel kept them (``{number: NN.pkl's bytes}``), handed over as they are."""
     inputs, judged = tmp_path / "inputs", tmp_path / "judged"
     (inputs / "code").mkdir(parents=True)
     judged.mkdir()
@@ -73,17 +117,19 @@ def judge(tmp_path, tiny_data, code: str | None, *, notebook: str = "02", earlie
             results.record(nb.stage, {"samples_per_s": 10.0 * n}, directory=folder)
         (inputs / "report.html").write_text('<table class="dataframe machine"></table><table class="dataframe '
                                             'ladder"></table><img src="data:image/png;base64,AAAA">')
-    if code is not None:  # None: the kernel carried nothing
-        (inputs / "code" / f"{notebook}.py").write_text(code)
-    for number, text in (earlier or {}).items():
-        (inputs / "code" / f"{number}.py").write_text(text)
+    carried({**(earlier or {}), **({notebook: code} if code is not None else {})}, inputs / "code")  # None: nothing
+    for number, data in (kept or {}).items():
+        (inputs / "code" / f"{number}.pkl").write_bytes(data)
     for path in (tmp_path, *tmp_path.parents):  # the sandbox user reads the inputs
         if path != Path("/"):
             path.chmod(path.stat().st_mode | 0o055)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     prefix, groups, grouped = prefix or [], {}, {}
     if boxed:  # as the grader boxes a judge's workers: each in its sandbox, joining a cgroup of its own
-        box = sandbox.Sandbox(writable=(), readable=(ROOT, Path(tiny_data), inputs))
+        # The interpreter's environment too, where it is not below the checkout (a worktree's linked .venv)
+        venv = Path(sys.prefix).resolve()
+        readable = (ROOT, Path(tiny_data), inputs) + (() if venv.is_relative_to(ROOT) else (venv,))
+        box = sandbox.Sandbox(writable=(), readable=readable)
         prefix = box.command([], cwd=Path("/tmp"))
         groups, grouped = deciding.worker_groups(notebook, box, [])
     spec = {"notebook": notebook, "profile": profile,
@@ -146,7 +192,7 @@ def test_reference_and_a_helper_class_are_judged_correct(tmp_path, tiny_data, re
     assert "crossing to the grader" in verdict["checks"]["02-data-wait-share"]["note"], verdict["checks"]
     # what later notebooks' verdicts read: this notebook's code, checks table and rung, in root's folder
     judged = tmp_path / "judged"
-    assert (judged / "code" / "02.py").read_text() == reference_02 + HELPER_CLASS
+    assert (judged / "code" / "02.pkl").read_bytes() == (tmp_path / "inputs" / "code" / "02.pkl").read_bytes()
     assert (judged / "checks" / "02.json").is_file() and (judged / "02-data.json").is_file()
 
 
@@ -431,27 +477,36 @@ def test_in_the_sandbox_the_worker_reaches_neither_the_judge_nor_its_files(tmp_p
     heap is steady before the student's code runs (measure.steady_heap: a 20 MiB block comes from
     the heap, not a fresh mapping)."""
     judged = tmp_path / "judged"
+    # Probed where the code runs, at its first call (what a kernel computed at module level is
+    # carried as the kernel's value).
     code = reference_02 + f'''
 
-import ctypes as _ctypes
-import os as _os
-from pathlib import Path as _Path
+def _probe(_seen={{}}):
+    import ctypes as _ctypes
+    import os as _os
+    from pathlib import Path as _Path
 
-_seen = {{"uid": _os.getuid(), "pids": sorted(int(p) for p in _os.listdir("/proc") if p.isdigit())}}
-_libc = _ctypes.CDLL(None)
-_libc.malloc.restype = _ctypes.c_void_p
-_block = _libc.malloc(20 * 2**20)
-_seen["heap"] = any(line.rstrip().endswith("[heap]") and int(line.split("-")[0], 16) <= _block
-                    < int(line.split()[0].split("-")[1], 16) for line in open("/proc/self/maps"))
-try:
-    (_Path({str(judged)!r}) / "02-data.json").write_text("forged")
-    _seen["wrote"] = True
-except OSError:
-    _seen["wrote"] = False
+    if _seen:
+        return _seen
+    _seen.update({{"uid": _os.getuid(), "pids": sorted(int(p) for p in _os.listdir("/proc") if p.isdigit())}})
+    _libc = _ctypes.CDLL(None)
+    _libc.malloc.restype = _ctypes.c_void_p
+    _block = _libc.malloc(20 * 2**20)
+    _seen["heap"] = any(line.rstrip().endswith("[heap]") and int(line.split("-")[0], 16) <= _block
+                        < int(line.split()[0].split("-")[1], 16) for line in open("/proc/self/maps"))
+    try:
+        (_Path({str(judged)!r}) / "02-data.json").write_text("forged")
+        _seen["wrote"] = True
+    except OSError:
+        _seen["wrote"] = False
+    return _seen
+
+
 _honest_make = make_fast_loader
 
 
 def make_fast_loader(lab, split="train", augment=True):
+    _seen = _probe()
     if _seen["uid"] == 0 or _seen["wrote"] or max(_seen["pids"]) > 100 or not _seen["heap"]:
         raise RuntimeError(f"not the sandbox the judge set up: {{_seen}}")
     return _honest_make(lab, split, augment)

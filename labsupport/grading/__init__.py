@@ -462,18 +462,17 @@ def run(number: str, namespace: dict, *, only: tuple[str, ...] | None = None,
             why = patched_note(patched, "while it was measured")
             found = [CheckResult(i, None, None, "", lab.machine.device_class, "fail", why) for i in ids]
         out.update({r.check: r for r in found})
-    if keep and namespace.get("__name__") == "__main__" and any(name in namespace for name in nb.graded):
-        # In a notebook's kernel: the grader measures the code carried from here, so what cannot
-        # be carried fails here too, loudly, rather than as a silent zero in the grader.
-        lost = carry.problems(number, namespace)
-        if lost:
-            why = (f"the grader rebuilds your code from what is carried forward, and this is not: "
-                   f"{'; '.join(lost[:3])}")
-            out = {c: replace(r, status="fail", reason="error", note=why) for c, r in out.items()}
+    if keep and any(name in namespace for name in nb.graded):
+        try:
+            carry.keep(number, namespace)
+        except carry.CarryError as err:
+            if namespace.get("__name__") == "__main__":
+                # In a notebook's kernel: later notebooks and the grader run the code carried from
+                # here, so what cannot be carried fails here too, saying why, not as a zero there.
+                why = f"later notebooks and the grader run your code as it is carried forward, and it cannot be: {err}"
+                out = {c: replace(r, status="fail", reason="error", note=why) for c, r in out.items()}
     if keep:
         keep_checks(number, out.values())
-        if any(name in namespace for name in nb.graded):
-            carry.keep(number, namespace)
     return out
 
 

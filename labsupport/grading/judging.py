@@ -718,8 +718,8 @@ def main(argv: list[str] | None = None) -> int:
     lab = grading.grading_lab()
     hardware.quiet_library_logs(lab.device)
     out = {"notebook": number, "checks": {}, "rung": None, "problems": [], "judge": True}
-    code = Path(spec["inputs"]) / "code" / f"{number}.py"
-    if code.is_file():  # root's copy: what later notebooks' verdicts load as this notebook's code
+    code = Path(spec["inputs"]) / "code" / f"{number}.pkl"
+    if code.is_file():  # root's copy, bytes only (never unpickled here): what later notebooks' workers load
         (judged / "code").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(code, judged / "code" / code.name)
     # The rungs verdict processes recorded (02's on CUDA), as the grader took them: beside the judges' own.
@@ -770,7 +770,8 @@ def _judge(number, spec, lab, code, out, kw, groups, prefixes, ungrouped, worker
                     out["problems"].append(problem)
             namespace = {} if loaded else {name: sides.make_fast_loader if name == "make_fast_loader" else _stand_in(name)
                                            for name in functions_of(number) if name in names}
-            found = grading.run(number, namespace, lab=lab, keep=False, sides=sides, tampered=tampered)
+            # Code that did not load (not carried: the kernel's checks said why) fails every check with that reason.
+            found = grading.run(number, namespace, lab=lab, keep=False, sides=sides, tampered=tampered or loaded)
             if baseline and not ungrouped and not all(w.group.pids() for w in (student, baseline) if not w.broken):
                 ungrouped = "a worker was not in its cgroup"  # a prefix that joined none: no freeze was verified
             if baseline and ungrouped and lab.profile.grades_speed:

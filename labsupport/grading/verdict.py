@@ -10,7 +10,7 @@ What the student's kernel printed, stored or scored is not read: this process
    kernel's environment variables are not inherited);
 2. imports labsupport, which binds its clocks now, before any student code runs;
 3. loads the notebook's graded functions as the kernel's checks carried them forward
-   (``code/<NN>.py``, which the grader took from the kernel into the read-only ``inputs`` folder
+   (``code/<NN>.pkl``, which the grader took from the kernel into the read-only ``inputs`` folder
    and this process copies into the grader's store), and nothing else of the kernel; code that
    replaces a watched library or labsupport function while it loads fails every check;
 4. runs the notebook's checks, and measures its rung of 06's ladder into the grader's store
@@ -88,7 +88,7 @@ def _take_inputs(spec: dict) -> None:
             (store / path.relative_to(judged)).unlink(missing_ok=True)
             shutil.copy2(path, store / path.relative_to(judged))
     for sub in ("code",):
-        for path in sorted((inputs / sub).glob("*")):
+        for path in sorted((inputs / sub).glob("*.pkl")):
             (store / sub).mkdir(parents=True, exist_ok=True)
             (store / sub / path.name).unlink(missing_ok=True)
             shutil.copy2(path, store / sub / path.name)  # keeps when the kernel wrote it

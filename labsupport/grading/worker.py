@@ -4,7 +4,7 @@
 sandbox, and then only answers the judge's requests (:mod:`.wire`) until told to quit. Its role
 is either
 
-- ``student``: it loads the code notebook ``NN``'s checks carried forward (``code/NN.py``, copied
+- ``student``: it loads the code notebook ``NN``'s checks carried forward (``code/NN.pkl``, copied
   from the judge's read-only ``inputs``, beside the earlier notebooks' the judge handed over),
   and builds and runs what the judge asks for with the student's functions; or
 - ``baseline``: it loads no student code at all, and builds the same things with labsupport's
@@ -76,9 +76,10 @@ class Served:
 
         if self.student and self.spec.get("inputs"):
             (self.results / "code").mkdir(exist_ok=True)
-            for source in sorted((Path(self.spec["inputs"]) / "code").glob("[0-9][0-9].py")):
+            for source in sorted((Path(self.spec["inputs"]) / "code").glob("[0-9][0-9].pkl")):
                 shutil.copyfile(source, self.results / "code" / source.name)
-            if (self.results / "code" / f"{self.spec['notebook']}.py").is_file():
+            if (self.results / "code" / f"{self.spec['notebook']}.pkl").is_file():
+                # Unpickled here, in the sandbox, and nowhere on the judge's side: loading runs code.
                 self.namespace.update(vars(carry.load(self.spec["notebook"], lab=self.lab)))
         return {"ok": True, "names": sorted(self.namespace)}
 
