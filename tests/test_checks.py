@@ -176,6 +176,58 @@ def test_01_labels_around_token_work_with_the_step_run_outside_them_lose_the_pha
     assert "'forward', 'backward' wrap not the work they name" in found["01-phases-labelled"][2], found
 
 
+# labelled_step's last three phases, as the master writes them: what the cheats below replace.
+_STEP_PHASES = ('    with record_function("forward"):\n        loss = F.cross_entropy(step.model(images), labels)\n'
+                '    with record_function("backward"):\n        loss.backward()\n'
+                '    with record_function("optimizer"):\n        step.optimizer.step()\n'
+                '        step.optimizer.zero_grad()\n')
+_NUDGE = ('    with torch.no_grad():\n        for p in step.model.parameters():\n'
+          '            p.add_(1e-4 * torch.randn_like(p))\n')
+LABELLED_CHEATS = {
+    # a small other network on 4 images inside the labels; the step's own weights only nudged
+    "other-network": (_STEP_PHASES,
+                      '    net = getattr(labelled_step, "net", None) or torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), '
+                      'torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))\n'
+                      '    labelled_step.net = net\n    spare = torch.optim.SGD(net.parameters(), lr=0.1)\n'
+                      '    with record_function("forward"):\n        loss = F.cross_entropy(net(images[:4]), labels[:4])\n'
+                      '    with record_function("backward"):\n        loss.backward()\n'
+                      '    with record_function("optimizer"):\n        spare.step()\n' + _NUDGE),
+    # the right model, trained on 4 of the batch's images
+    "smaller-batch": ("step.model(images), labels)", "step.model(images[:4]), labels[:4])"),
+    # a deep copy of the model trained on the batch, its weights copied back into the step's
+    "deepcopy": (_STEP_PHASES,
+                 '    import copy\n    model = copy.deepcopy(step.model)\n'
+                 '    optimizer = torch.optim.SGD(model.parameters(), lr=step.optimizer.param_groups[0]["lr"])\n'
+                 '    with record_function("forward"):\n        loss = F.cross_entropy(model(images), labels)\n'
+                 '    with record_function("backward"):\n        loss.backward()\n'
+                 '    with record_function("optimizer"):\n        optimizer.step()\n'
+                 '    step.model.load_state_dict(model.state_dict())\n'),
+    # labels around a forward and backward whose results are thrown away; the real step runs after them
+    "thrown-away": (_STEP_PHASES,
+                    '    with record_function("forward"):\n        shown = F.cross_entropy(step.model(images), labels)\n'
+                    '    with record_function("backward"):\n        shown.backward()\n'
+                    '    with record_function("optimizer"):\n        step.optimizer.zero_grad()\n'
+                    '    loss = F.cross_entropy(step.model(images), labels)\n    loss.backward()\n'
+                    '    step.optimizer.step()\n    step.optimizer.zero_grad()\n'),
+}
+
+
+@pytest.mark.parametrize("cheat, trace, phases, why", [
+    ("other-network", "fail", "fail", "ran [0, 0, 0, 0] of its 20 convolution layers"),
+    ("smaller-batch", "pass", "fail", "the forward all the 20 convolutions of the step's model on the batch"),
+    ("deepcopy", "fail", "fail", "ran [0, 0, 0, 0] of its 20 convolution layers"),
+    ("thrown-away", "pass", "fail", "none of them outside their label"),
+])
+def test_01_the_labelled_work_must_be_the_model_and_batch_handed_over(cheat, trace, phases, why):
+    """A labelled_step whose labels hold other work than the step it was given: another network, the
+    model on part of the batch, a copy of the model, or a forward thrown away while the step runs
+    outside the labels. Each loses the phases (the operators' input shapes, record_shapes); one that
+    does not train the step's own model is no training step of it, and loses the trace too."""
+    found = _trace_checks(_labelled(LABELLED_CHEATS[cheat]))
+    assert (found["01-trace"][0], found["01-phases-labelled"][0]) == (trace, phases), found
+    assert why in found["01-phases-labelled"][2], found
+
+
 @pytest.mark.parametrize("edit, why", [
     (('        step.optimizer.step()\n', ''), "the weights of the step it was given did not move"),
     (('        batch = next(batches)\n', '        next(batches)\n        batch = next(batches)\n'),
@@ -219,8 +271,10 @@ def test_01_each_phase_label_holds_the_work_it_names_in_one_step(case, measured,
 def test_01_the_forward_and_backward_labels_hold_every_convolution_of_the_network():
     from labsupport.grading.g01_profile import model_convolutions, phases_holding_their_work
 
-    assert model_convolutions() == 20  # ResNet-18's
-    got, note = phases_holding_their_work(_step_trace(), convolutions=2)
+    expected = model_convolutions(8, 32)
+    assert [sum(c.values()) for c in expected.values()] == [20, 20]  # ResNet-18's
+    assert expected["forward"]["aten::conv2d [8, 3, 32, 32] [64, 3, 7, 7]"] == 1, expected
+    got, note = phases_holding_their_work(_step_trace(), expected)
     assert got == 3 and "'forward', 'backward' wrap not the work they name" in note, note
 
 

@@ -39,7 +39,8 @@ from pathlib import Path
 PRECISIONS = ("float16", "bfloat16")  # what a request may name for 05's inference (None: float32)
 
 
-# What one profile of 01's labelled_step may send back (names cut to 120 characters; the reference's: 18).
+# What one profile of 01's labelled_step may send back (names cut to 120 characters, convolutions'
+# with their shapes; the reference's: 45 at the tiny profile, 18 of them without shapes).
 MAX_EVENT_NAMES, MAX_EVENTS = 400, 100_000  # 48 KB of names (the wire takes 64), 3.2 MB of rows
 
 
@@ -241,8 +242,9 @@ class Served:
         rows = [(index[name[:120]], float(label), start, end) for name, label, start, end in profiled["events"]
                 if name[:120] in index][:MAX_EVENTS]
         table = torch.tensor(rows, dtype=torch.float64).reshape(-1, 4)
-        return {"names": names, "tensors": wire.put(self.view, [table]), "drawn": profiled["drawn"],
-                "moved": bool(profiled["moved"])}
+        return {"names": names, "tensors": wire.put(self.view, [table]),
+                **{key: [int(n) for n in profiled[key]] for key in ("drawn", "ran", "unchanged")},
+                "parameters": int(profiled["parameters"])}
 
     def op_checkpoint_step(self, request) -> dict:
         """04: the plain fp32 step (baseline), or the same network wrapped by the student's
