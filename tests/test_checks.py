@@ -918,6 +918,112 @@ def test_05_break_even_cannot_read_the_expected_answer_from_the_checker():
     assert len(g05_compile._break_even_errors(here.break_even, [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)])) == 2
 
 
+# The grader's answers and the lab's own implementations are not the student's work ---------------
+
+DELEGATING_TIMERS = {
+    "alias": "from labsupport.measure import time_steps as t\n\n"
+             "def measure_throughput(step, device, *, warmup, steps, samples_per_step):\n"
+             "    times = t(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)\n"
+             "    return {**times.summary(), 'images_per_s': times.samples_per_s}\n",
+    "importlib": "import importlib\n\n"
+                 "def measure_throughput(step, device, *, warmup, steps, samples_per_step):\n"
+                 "    timer = importlib.import_module('labsupport.measure').time_steps\n"
+                 "    times = timer(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)\n"
+                 "    return {**times.summary(), 'images_per_s': times.samples_per_s}\n",
+    # the lab's timing path reached through another labsupport function in between
+    "through-compress": "import labsupport\n\n"
+                        "def measure_throughput(step, device, *, warmup, steps, samples_per_step):\n"
+                        "    times = getattr(getattr(labsupport, 'compress'), 'latency')(lambda x: step(), [0] * samples_per_step, "
+                        "calls=steps, warmup=warmup)\n"
+                        "    return {**times.summary(), 'images_per_s': samples_per_step * 1000 / times.median_ms}\n",
+}
+
+
+@pytest.mark.parametrize("variant", DELEGATING_TIMERS)
+def test_01_a_timer_that_delegates_to_labsupports_earns_no_timer_points(variant):
+    """measure_throughput as a thin wrapper over the lab's own timer (aliased, through importlib, or
+    through another labsupport function) loses both timer checks, naming what it called."""
+    from labsupport.grading import g01_profile
+
+    namespace = {}
+    exec(DELEGATING_TIMERS[variant], namespace)
+    got = g01_profile._timer_answer(namespace["measure_throughput"](lambda: None, "cpu", warmup=1, steps=5,
+                                                                    samples_per_step=8))
+    assert got["images_per_s"] > 0  # unwatched, it answers as a timer would
+    found = checks.run("01", namespace, only=("01-throughput-error", "01-throughput-sync"), keep=False)
+    for check in ("01-throughput-error", "01-throughput-sync"):
+        assert found[check].status == "fail", found[check]
+        assert "called labsupport.measure.time_steps" in found[check].note, found[check].note
+        assert "write this timer yourself" in found[check].note, found[check].note
+
+
+ASKING_THE_GRADER = {
+    "import": "from labsupport.grading.g01_profile import _bottleneck as b\n\n"
+              "def diagnose(breakdown):\n    return b(breakdown)\n",
+    "importlib": "import importlib\n\ndef diagnose(breakdown):\n"
+                 "    return importlib.import_module('labsupport.grading.g01_profile')._bottleneck(breakdown)\n",
+    "getattr": "def diagnose(breakdown):\n"
+               "    grading = getattr(__import__('labsupport'), 'grading')\n"
+               "    return getattr(getattr(grading, 'g01_profile'), '_bottleneck')(breakdown)\n",
+    "unhooked": "import sys\nfrom labsupport.grading.g01_profile import _bottleneck\n\n"
+                "def diagnose(breakdown):\n    hook = sys.getprofile()\n    sys.setprofile(None)\n"
+                "    try:\n        return _bottleneck(breakdown)\n    finally:\n        sys.setprofile(hook)\n",
+}
+
+
+@pytest.mark.parametrize("variant", ASKING_THE_GRADER)
+def test_01_a_diagnosis_asked_of_the_grader_earns_nothing(variant):
+    namespace = {}
+    exec(ASKING_THE_GRADER[variant], namespace)
+    result = checks.run("01", namespace, only=("01-diagnose",), keep=False)["01-diagnose"]
+    assert result.status == "fail", result
+    assert ("called labsupport.grading.g01_profile._bottleneck" in result.note
+            or "called sys.setprofile" in result.note), result.note
+
+
+BREAK_EVEN_FROM_THE_GRADER = {
+    "import": "import re\nfrom labsupport.grading import g05_compile\n\n"
+              "def break_even_steps(c, e, k):\n"
+              "    wrong = g05_compile._break_even_errors(lambda cases: [-1.0], [(c, e, k)])\n"
+              "    return float(re.search(r'expected (\\S+)', wrong[0]).group(1))\n",
+    "importlib": "import importlib, re\n\n"
+                 "def break_even_steps(c, e, k):\n"
+                 "    helper = importlib.import_module('labsupport.grading.g05_compile')._break_even_errors\n"
+                 "    return float(re.search(r'expected (\\S+)', helper(lambda cases: [-1.0], [(c, e, k)])[0]).group(1))\n",
+    "getattr": "import re, sys\n\n"
+               "def break_even_steps(c, e, k):\n"
+               "    helper = getattr(sys.modules['labsupport.grading.g05_compile'], '_break_even_errors')\n"
+               "    return float(re.search(r'expected (\\S+)', helper(lambda cases: [-1.0], [(c, e, k)])[0]).group(1))\n",
+}
+
+
+@pytest.mark.parametrize("variant", BREAK_EVEN_FROM_THE_GRADER)
+def test_05_break_even_asked_of_the_grader_earns_nothing(variant):
+    """break_even_steps that asks the check's private helper for the expected answer (imported,
+    through importlib, or from sys.modules) fails, naming the helper; unwatched, the same code
+    would have answered every case right."""
+    from labsupport.grading import g05_compile
+
+    namespace = {}
+    exec(BREAK_EVEN_FROM_THE_GRADER[variant], namespace)
+    cases = [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)]
+    assert [namespace["break_even_steps"](*c) for c in cases[:1]] == [500.0]  # unwatched, it answers
+    with pytest.raises(checks.StudentCodeError, match="called labsupport.grading.g05_compile._break_even_errors"):
+        g05_compile.Here(namespace, None).break_even(cases)
+    reference_ns = solution("05", "break_even_steps")
+    assert g05_compile._break_even_errors(g05_compile.Here(reference_ns, None).break_even, cases) == []
+
+
+def test_07_a_distillation_loss_asked_of_the_grader_earns_nothing():
+    from labsupport.grading import g07_compression
+
+    namespace = {"distillation_loss": lambda *args: g07_compression.distillation_reference(*args)}
+    with pytest.raises(checks.StudentCodeError, match="called labsupport.grading.g07_compression.distillation_reference"):
+        g07_compression.Here(namespace, None).distill_losses(g07_compression.distill_cases()[:2])
+    reference_ns = solution("07", "distillation_loss")
+    assert len(g07_compression.Here(reference_ns, None).distill_losses(g07_compression.distill_cases()[:2])) == 2
+
+
 # 07 ------------------------------------------------------------------------------------------
 
 def test_07_reference_passes_and_missing_code_fails():

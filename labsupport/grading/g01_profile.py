@@ -36,6 +36,7 @@ from .. import measure, pipeline, train
 from . import StudentCodeError, judge, register, student
 from .judge_setup import Judged
 from .rungs import Recipe, Rung
+from .watch import watched
 
 
 class _KnownWorkload:
@@ -79,7 +80,7 @@ class Here:
         """``measure_throughput`` on a workload (``"known"``: :class:`_KnownWorkload`; ``"none"``:
         a call that does nothing; ``"matmul"``: :func:`_queued_matmuls`): ``(what it returned, how long
         each call of the workload took by its own record, the seconds the whole call took)``."""
-        fn = student(self.namespace, "measure_throughput", "01")
+        fn = watched(student(self.namespace, "measure_throughput", "01"), "measure_throughput", "01")
         work = {"known": lambda: _KnownWorkload(warmup), "none": lambda: _Nothing(),
                 "matmul": lambda: _queued_matmuls(self.lab.device)}[workload]()
         start = _clock()
@@ -90,14 +91,14 @@ class Here:
         pass
 
     def diagnose(self, breakdowns: list[dict[str, float]]) -> list[str]:
-        fn = student(self.namespace, "diagnose", "01")
+        fn = watched(student(self.namespace, "diagnose", "01"), "diagnose", "01")
         return [_answer(fn(dict(b))) for b in breakdowns]
 
     def top_operators(self, case: str) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
         """``top_operators`` on a profile taken now (``"crafted"``: :func:`_decoy_workload` on the CPU,
         top 3; ``"step"``: the naive step on the lab's device, top 5): ``(its answer, the profile's
         table: each operator and its self time in µs as the table counts it)``."""
-        fn = student(self.namespace, "top_operators", "01")
+        fn = watched(student(self.namespace, "top_operators", "01"), "top_operators", "01")
         device, n = (torch.device("cpu"), 3) if case == "crafted" else (self.lab.device, 5)
         averages = _profiled(_decoy_workload() if case == "crafted" else _naive_step(self.lab), device)
         got = fn(averages, device, n)
@@ -296,9 +297,9 @@ def profile_labelled(fn: Callable, lab) -> dict:
 
     # The step's own layers, by identity: a deep copy of the model carries these hooks along, and
     # its layers, which are not these, count nothing.
-    layers = [m for m in step.model.modules() if isinstance(m, torch.nn.Conv2d)]
-    for layer in layers:
-        layer.register_forward_hook(lambda module, args, out, me=layer: ran.add(id(me)) if module is me else None)
+    # (A function is copied by reference, its closure with it; a functools.partial would be deep-copied.)
+    hooks = [_ran_hook(layer, ran) for layer in step.model.modules() if isinstance(layer, torch.nn.Conv2d)]
+    fn = watched(fn, "labelled_step", "01", given=hooks[:1])  # the hooks are the check's, beneath the student's forward
     feed, parameters = batches(), list(step.model.parameters())
     drawn, layers_ran, unchanged = [], [], []
 
@@ -325,6 +326,15 @@ def profile_labelled(fn: Callable, lab) -> dict:
               and (e.is_user_annotation or any(k in str(e.name).lower() for k in keys))]
     return {"events": events, "drawn": drawn, "ran": layers_ran, "unchanged": unchanged,
             "parameters": len(parameters)}
+
+
+def _ran_hook(layer: torch.nn.Module, ran: set):
+    """A forward hook on ``layer`` that adds its id to ``ran`` when ``layer`` itself runs forward."""
+    def hook(module, args, out):
+        if module is layer:
+            ran.add(id(layer))
+    layer.register_forward_hook(hook)
+    return hook
 
 
 def model_convolutions(batch_size: int, image_size: int) -> dict[str, Counter]:

@@ -20,6 +20,7 @@ from . import CheckResult, StudentCodeError, carried, judge, one_batch, register
 from .g03_amp import precision
 from .judge_setup import Judged
 from .rungs import Recipe, Rung, measured
+from .watch import watched
 
 
 class Inference:
@@ -37,7 +38,7 @@ class Inference:
         self.fn = self.model
         if compile_fn is not None:
             torch.compiler.reset()
-            self.fn = compile_fn(self.model)
+            self.fn = watched(compile_fn, "compile_inference", "05")(self.model)
 
     def cold(self) -> int:
         """The first call, which compiles (graph caches off, as :func:`measure.cold_compile_s`); the
@@ -87,7 +88,7 @@ class Here:
         pass
 
     def break_even(self, cases) -> list[float]:
-        fn = student(self.namespace, "break_even_steps", "05")
+        fn = watched(student(self.namespace, "break_even_steps", "05"), "break_even_steps", "05")
         return [float(fn(c, e, k)) for c, e, k in cases]
 
     def precision(self) -> tuple[torch.dtype | None, bool]:
