@@ -371,7 +371,7 @@ def html_report(namespace, lab, sides=None):
              "machine": 'class="dataframe machine"' in text}
     missing = [k for k, v in found.items() if not v]
     return [judge("06-html", float(not missing), lab, correct=not missing,
-                  why_incorrect=f"{path} lacks: {', '.join(missing)}")]
+                  why_incorrect=f"{path.name} lacks: {', '.join(missing)}")]
 
 
 # How the judge sets up 06's checks: the naive pipeline in a worker of its own, the ladder and the

@@ -51,7 +51,7 @@ RULES: dict[str, tuple[tuple[str, ...], str]] = {
         "notebook 01 asks you to write this timer yourself (warm-up, synchronisation, percentiles); of "
         "labsupport it may call ls.measure.sync, not labsupport's timers"),
     "compile_inference": (
-        ("labsupport.compress.compiled", "labsupport.compress.serving", "labsupport.train.inference_setup"),
+        ("labsupport.compress.compiled", "labsupport.compress.serving"),
         "notebook 05 asks you to call torch.compile yourself, not labsupport's compiled models"),
 }
 WHAT_IS_ASKED = "graded code computes its answer itself: it may not call the grader"
@@ -129,7 +129,7 @@ class _Watch:
     def __call__(self, frame, event, arg):
         if self.found or not self.on:
             return
-        if event == "c_call" and arg in (_setprofile, sys.settrace):
+        if event == "c_call" and arg is _setprofile:  # switching the watch off, or for another hook
             self.found = HOOK
             return
         if event != "call":
