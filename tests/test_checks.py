@@ -1010,6 +1010,9 @@ def test_05_break_even_asked_of_the_grader_earns_nothing(variant):
     assert [namespace["break_even_steps"](*c) for c in cases[:1]] == [500.0]  # unwatched, it answers
     with pytest.raises(checks.StudentCodeError, match="called labsupport.grading.g05_compile._break_even_errors"):
         g05_compile.Here(namespace, None).break_even(cases)
+    # as the check reads it: a failure of the break-even alone (the compiled inference was measured before)
+    wrong = g05_compile._break_even_failures(g05_compile.Here(namespace, None).break_even, cases)
+    assert len(wrong) == 1 and "called labsupport.grading.g05_compile._break_even_errors" in wrong[0], wrong
     reference_ns = solution("05", "break_even_steps")
     assert g05_compile._break_even_errors(g05_compile.Here(reference_ns, None).break_even, cases) == []
 
