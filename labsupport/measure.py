@@ -77,16 +77,17 @@ def sync(device: torch.device | str) -> None:
         _mps_synchronize()
 
 
-def profiler(device: torch.device | str, *, memory: bool = False):
+def profiler(device: torch.device | str, *, memory: bool = False, shapes: bool = False):
     """A profile of ``device``'s work as ``torch.profiler.profile`` takes one (the CPU's activity,
-    and CUDA's on a GPU; ``memory``: the allocator's allocations and frees), through the autograd
+    and CUDA's on a GPU; ``memory``: the allocator's allocations and frees; ``shapes``: each
+    operator's input shapes, ``record_shapes``), through the autograd
     profiler it wraps, for the checks' own profiles: its ``function_events`` are torch.profiler's
     ``events()``, its ``key_averages()`` the same table. torch.profiler's start asks
     ``hasattr(torch, "_inductor")``, which imports Inductor: about 2.5 s in a process that compiles
     nothing (a grading worker, class cpu), paid by every one that profiles."""
     use_device = "cuda" if torch.device(device).type == "cuda" else None
     return torch.autograd.profiler.profile(use_cpu=True, use_kineto=True, use_device=use_device,
-                                           profile_memory=memory)
+                                           profile_memory=memory, record_shapes=shapes)
 
 
 @dataclass(frozen=True)

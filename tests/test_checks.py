@@ -176,6 +176,58 @@ def test_01_labels_around_token_work_with_the_step_run_outside_them_lose_the_pha
     assert "'forward', 'backward' wrap not the work they name" in found["01-phases-labelled"][2], found
 
 
+# labelled_step's last three phases, as the master writes them: what the cheats below replace.
+_STEP_PHASES = ('    with record_function("forward"):\n        loss = F.cross_entropy(step.model(images), labels)\n'
+                '    with record_function("backward"):\n        loss.backward()\n'
+                '    with record_function("optimizer"):\n        step.optimizer.step()\n'
+                '        step.optimizer.zero_grad()\n')
+_NUDGE = ('    with torch.no_grad():\n        for p in step.model.parameters():\n'
+          '            p.add_(1e-4 * torch.randn_like(p))\n')
+LABELLED_CHEATS = {
+    # a small other network on 4 images inside the labels; the step's own weights only nudged
+    "other-network": (_STEP_PHASES,
+                      '    net = getattr(labelled_step, "net", None) or torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), '
+                      'torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))\n'
+                      '    labelled_step.net = net\n    spare = torch.optim.SGD(net.parameters(), lr=0.1)\n'
+                      '    with record_function("forward"):\n        loss = F.cross_entropy(net(images[:4]), labels[:4])\n'
+                      '    with record_function("backward"):\n        loss.backward()\n'
+                      '    with record_function("optimizer"):\n        spare.step()\n' + _NUDGE),
+    # the right model, trained on 4 of the batch's images
+    "smaller-batch": ("step.model(images), labels)", "step.model(images[:4]), labels[:4])"),
+    # a deep copy of the model trained on the batch, its weights copied back into the step's
+    "deepcopy": (_STEP_PHASES,
+                 '    import copy\n    model = copy.deepcopy(step.model)\n'
+                 '    optimizer = torch.optim.SGD(model.parameters(), lr=step.optimizer.param_groups[0]["lr"])\n'
+                 '    with record_function("forward"):\n        loss = F.cross_entropy(model(images), labels)\n'
+                 '    with record_function("backward"):\n        loss.backward()\n'
+                 '    with record_function("optimizer"):\n        optimizer.step()\n'
+                 '    step.model.load_state_dict(model.state_dict())\n'),
+    # labels around a forward and backward whose results are thrown away; the real step runs after them
+    "thrown-away": (_STEP_PHASES,
+                    '    with record_function("forward"):\n        shown = F.cross_entropy(step.model(images), labels)\n'
+                    '    with record_function("backward"):\n        shown.backward()\n'
+                    '    with record_function("optimizer"):\n        step.optimizer.zero_grad()\n'
+                    '    loss = F.cross_entropy(step.model(images), labels)\n    loss.backward()\n'
+                    '    step.optimizer.step()\n    step.optimizer.zero_grad()\n'),
+}
+
+
+@pytest.mark.parametrize("cheat, trace, phases, why", [
+    ("other-network", "fail", "fail", "ran [0, 0, 0, 0] of its 20 convolution layers"),
+    ("smaller-batch", "pass", "fail", "the forward all the 20 convolutions of the step's model on the batch"),
+    ("deepcopy", "fail", "fail", "ran [0, 0, 0, 0] of its 20 convolution layers"),
+    ("thrown-away", "pass", "fail", "none of them outside their label"),
+])
+def test_01_the_labelled_work_must_be_the_model_and_batch_handed_over(cheat, trace, phases, why):
+    """A labelled_step whose labels hold other work than the step it was given: another network, the
+    model on part of the batch, a copy of the model, or a forward thrown away while the step runs
+    outside the labels. Each loses the phases (the operators' input shapes, record_shapes); one that
+    does not train the step's own model is no training step of it, and loses the trace too."""
+    found = _trace_checks(_labelled(LABELLED_CHEATS[cheat]))
+    assert (found["01-trace"][0], found["01-phases-labelled"][0]) == (trace, phases), found
+    assert why in found["01-phases-labelled"][2], found
+
+
 @pytest.mark.parametrize("edit, why", [
     (('        step.optimizer.step()\n', ''), "the weights of the step it was given did not move"),
     (('        batch = next(batches)\n', '        next(batches)\n        batch = next(batches)\n'),
@@ -219,8 +271,10 @@ def test_01_each_phase_label_holds_the_work_it_names_in_one_step(case, measured,
 def test_01_the_forward_and_backward_labels_hold_every_convolution_of_the_network():
     from labsupport.grading.g01_profile import model_convolutions, phases_holding_their_work
 
-    assert model_convolutions() == 20  # ResNet-18's
-    got, note = phases_holding_their_work(_step_trace(), convolutions=2)
+    expected = model_convolutions(8, 32)
+    assert [sum(c.values()) for c in expected.values()] == [20, 20]  # ResNet-18's
+    assert expected["forward"]["aten::conv2d [8, 3, 32, 32] [64, 3, 7, 7]"] == 1, expected
+    got, note = phases_holding_their_work(_step_trace(), expected)
     assert got == 3 and "'forward', 'backward' wrap not the work they name" in note, note
 
 
@@ -863,6 +917,115 @@ def test_05_break_even_cannot_read_the_expected_answer_from_the_checker():
 
     here = g05_compile.Here({"break_even_steps": peeking}, None)
     assert len(g05_compile._break_even_errors(here.break_even, [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)])) == 2
+
+
+# The grader's answers and the lab's own implementations are not the student's work ---------------
+
+DELEGATING_TIMERS = {
+    "alias": "from labsupport.measure import time_steps as t\n\n"
+             "def measure_throughput(step, device, *, warmup, steps, samples_per_step):\n"
+             "    times = t(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)\n"
+             "    return {**times.summary(), 'images_per_s': times.samples_per_s}\n",
+    "importlib": "import importlib\n\n"
+                 "def measure_throughput(step, device, *, warmup, steps, samples_per_step):\n"
+                 "    timer = importlib.import_module('labsupport.measure').time_steps\n"
+                 "    times = timer(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)\n"
+                 "    return {**times.summary(), 'images_per_s': times.samples_per_s}\n",
+    # the lab's timing path reached through another labsupport function in between
+    "through-compress": "import labsupport\n\n"
+                        "def measure_throughput(step, device, *, warmup, steps, samples_per_step):\n"
+                        "    times = getattr(getattr(labsupport, 'compress'), 'latency')(lambda x: step(), [0] * samples_per_step, "
+                        "calls=steps, warmup=warmup)\n"
+                        "    return {**times.summary(), 'images_per_s': samples_per_step * 1000 / times.median_ms}\n",
+}
+
+
+@pytest.mark.parametrize("variant", DELEGATING_TIMERS)
+def test_01_a_timer_that_delegates_to_labsupports_earns_no_timer_points(variant):
+    """measure_throughput as a thin wrapper over the lab's own timer (aliased, through importlib, or
+    through another labsupport function) loses both timer checks, naming what it called."""
+    from labsupport.grading import g01_profile
+
+    namespace = {}
+    exec(DELEGATING_TIMERS[variant], namespace)
+    got = g01_profile._timer_answer(namespace["measure_throughput"](lambda: None, "cpu", warmup=1, steps=5,
+                                                                    samples_per_step=8))
+    assert got["images_per_s"] > 0  # unwatched, it answers as a timer would
+    found = checks.run("01", namespace, only=("01-throughput-error", "01-throughput-sync"), keep=False)
+    for check in ("01-throughput-error", "01-throughput-sync"):
+        assert found[check].status == "fail", found[check]
+        assert "called labsupport.measure.time_steps" in found[check].note, found[check].note
+        assert "write this timer yourself" in found[check].note, found[check].note
+
+
+ASKING_THE_GRADER = {
+    "import": "from labsupport.grading.g01_profile import _bottleneck as b\n\n"
+              "def diagnose(breakdown):\n    return b(breakdown)\n",
+    "importlib": "import importlib\n\ndef diagnose(breakdown):\n"
+                 "    return importlib.import_module('labsupport.grading.g01_profile')._bottleneck(breakdown)\n",
+    "getattr": "def diagnose(breakdown):\n"
+               "    grading = getattr(__import__('labsupport'), 'grading')\n"
+               "    return getattr(getattr(grading, 'g01_profile'), '_bottleneck')(breakdown)\n",
+    "unhooked": "import sys\nfrom labsupport.grading.g01_profile import _bottleneck\n\n"
+                "def diagnose(breakdown):\n    hook = sys.getprofile()\n    sys.setprofile(None)\n"
+                "    try:\n        return _bottleneck(breakdown)\n    finally:\n        sys.setprofile(hook)\n",
+}
+
+
+@pytest.mark.parametrize("variant", ASKING_THE_GRADER)
+def test_01_a_diagnosis_asked_of_the_grader_earns_nothing(variant):
+    namespace = {}
+    exec(ASKING_THE_GRADER[variant], namespace)
+    result = checks.run("01", namespace, only=("01-diagnose",), keep=False)["01-diagnose"]
+    assert result.status == "fail", result
+    assert ("called labsupport.grading.g01_profile._bottleneck" in result.note
+            or "called sys.setprofile" in result.note), result.note
+
+
+BREAK_EVEN_FROM_THE_GRADER = {
+    "import": "import re\nfrom labsupport.grading import g05_compile\n\n"
+              "def break_even_steps(c, e, k):\n"
+              "    wrong = g05_compile._break_even_errors(lambda cases: [-1.0], [(c, e, k)])\n"
+              "    return float(re.search(r'expected (\\S+)', wrong[0]).group(1))\n",
+    "importlib": "import importlib, re\n\n"
+                 "def break_even_steps(c, e, k):\n"
+                 "    helper = importlib.import_module('labsupport.grading.g05_compile')._break_even_errors\n"
+                 "    return float(re.search(r'expected (\\S+)', helper(lambda cases: [-1.0], [(c, e, k)])[0]).group(1))\n",
+    "getattr": "import re, sys\n\n"
+               "def break_even_steps(c, e, k):\n"
+               "    helper = getattr(sys.modules['labsupport.grading.g05_compile'], '_break_even_errors')\n"
+               "    return float(re.search(r'expected (\\S+)', helper(lambda cases: [-1.0], [(c, e, k)])[0]).group(1))\n",
+}
+
+
+@pytest.mark.parametrize("variant", BREAK_EVEN_FROM_THE_GRADER)
+def test_05_break_even_asked_of_the_grader_earns_nothing(variant):
+    """break_even_steps that asks the check's private helper for the expected answer (imported,
+    through importlib, or from sys.modules) fails, naming the helper; unwatched, the same code
+    would have answered every case right."""
+    from labsupport.grading import g05_compile
+
+    namespace = {}
+    exec(BREAK_EVEN_FROM_THE_GRADER[variant], namespace)
+    cases = [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)]
+    assert [namespace["break_even_steps"](*c) for c in cases[:1]] == [500.0]  # unwatched, it answers
+    with pytest.raises(checks.StudentCodeError, match="called labsupport.grading.g05_compile._break_even_errors"):
+        g05_compile.Here(namespace, None).break_even(cases)
+    # as the check reads it: a failure of the break-even alone (the compiled inference was measured before)
+    wrong = g05_compile._break_even_failures(g05_compile.Here(namespace, None).break_even, cases)
+    assert len(wrong) == 1 and "called labsupport.grading.g05_compile._break_even_errors" in wrong[0], wrong
+    reference_ns = solution("05", "break_even_steps")
+    assert g05_compile._break_even_errors(g05_compile.Here(reference_ns, None).break_even, cases) == []
+
+
+def test_07_a_distillation_loss_asked_of_the_grader_earns_nothing():
+    from labsupport.grading import g07_compression
+
+    namespace = {"distillation_loss": lambda *args: g07_compression.distillation_reference(*args)}
+    with pytest.raises(checks.StudentCodeError, match="called labsupport.grading.g07_compression.distillation_reference"):
+        g07_compression.Here(namespace, None).distill_losses(g07_compression.distill_cases()[:2])
+    reference_ns = solution("07", "distillation_loss")
+    assert len(g07_compression.Here(reference_ns, None).distill_losses(g07_compression.distill_cases()[:2])) == 2
 
 
 # 07 ------------------------------------------------------------------------------------------

@@ -1041,6 +1041,65 @@ def measure_throughput(step, device, *, warmup, steps, samples_per_step):
     assert phases["measured"] == 3 and "'forward', 'backward' wrap not the work" in phases["note"], phases
 
 
+# A timer that is labsupport's, a diagnosis that is the grader's, and a labelled step around another network.
+DELEGATED_01 = """
+
+from labsupport.measure import time_steps as _timer
+from labsupport.grading import g01_profile as _g01
+
+
+def measure_throughput(step, device, *, warmup, steps, samples_per_step):
+    times = _timer(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)
+    return {**times.summary(), "images_per_s": times.samples_per_s}
+
+
+def diagnose(breakdown):
+    return getattr(_g01, "_bottleneck")(breakdown)
+
+
+_small = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                             torch.nn.Linear(8, 10))
+_spare = torch.optim.SGD(_small.parameters(), lr=0.1)
+
+
+def labelled_step(batches, step):
+    with record_function("data wait"):
+        images, labels = next(batches)
+    with record_function("host to device"):
+        images, labels = step.to_device(images[:4], labels[:4])
+    with record_function("forward"):
+        loss = torch.nn.functional.cross_entropy(_small(images), labels)
+    with record_function("backward"):
+        loss.backward()
+    with record_function("optimizer"):
+        _spare.step()
+        _spare.zero_grad()
+    with torch.no_grad():
+        for p in step.model.parameters():
+            p.add_(1e-4 * torch.randn_like(p))
+    return loss.item()
+"""
+
+
+def test_01_answers_from_labsupport_or_the_grader_and_another_network_lose_exactly_their_checks(
+        tmp_path, tiny_data, reference_code):
+    """In the worker as in the self-check: a timer that is labsupport's time_steps (aliased) loses
+    both timer checks, a diagnosis asked of the grader's _bottleneck (a getattr chain) loses its
+    check, each naming what was called; a labelled_step around a small other network on 4 images,
+    the step's own weights only nudged, is no training step of the model handed over (its
+    convolutions never ran, the shapes are not the batch's): the trace and the phases fail. The top
+    operators keep their points."""
+    verdict = judge(tmp_path, tiny_data, reference_code["01"] + DELEGATED_01, notebook="01")
+    assert statuses(verdict) == {"01-throughput-error": "fail", "01-throughput-sync": "fail", "01-diagnose": "fail",
+                                 "01-trace": "fail", "01-phases-labelled": "fail", "01-top-operators": "pass"}, \
+        verdict["checks"]
+    checks = verdict["checks"]
+    assert "called labsupport.measure.time_steps" in checks["01-throughput-error"]["note"], checks
+    assert "called labsupport.grading.g01_profile._bottleneck" in checks["01-diagnose"]["note"], checks
+    assert "ran [0, 0, 0, 0] of its 20 convolution layers" in checks["01-trace"]["note"], checks
+    assert "`step.model` itself" in checks["01-phases-labelled"]["note"], checks
+
+
 # 04 --------------------------------------------------------------------------------------------
 
 STATUSES_04 = {"04-grad-match": "pass", "04-activation-ratio": "pass", "04-peak-ratio": "n/a",

@@ -3,12 +3,17 @@
 - ``01-throughput-error``: ``measure_throughput`` agrees with labsupport's timer on a known workload.
 - ``01-throughput-sync``: on CUDA it times the kernels, not their launches.
 - ``01-diagnose``: ``diagnose`` names the bottleneck of crafted breakdowns and of this machine's.
-- ``01-trace``: ``labelled_step``, profiled by the check, is a training step (one batch, the weights
-  move) whose profile holds convolutions. The trace file the student's cell exports is theirs to
-  read in Perfetto; no file is graded (one is as easy to write as to record).
+- ``01-trace``: ``labelled_step``, profiled by the check (:mod:`.labelled`), is a training step of
+  the step it was given (one batch, that model's own convolution layers run, every one of its
+  weights moved) whose profile holds convolutions. The trace file the student's cell exports is
+  theirs to read in Perfetto; no file is graded (one is as easy to write as to record).
 - ``01-phases-labelled``: that profile labels the five phases of one step with ``record_function``,
-  in order, each around the work it names (the forward every convolution of the network, the
-  backward every ``convolution_backward``, the optimizer its update).
+  in order, each around the work it names on the model and batch handed over (the forward every
+  convolution of the network, by its input and weight shapes, the backward every
+  ``convolution_backward``, none of them outside their label; the optimizer its update).
+
+The student's functions are called under :func:`.watch.watched`: none may call the grader, and
+``measure_throughput`` not labsupport's own timers.
 - ``01-top-operators``: ``top_operators`` reads the operators taking the most self time from
   ``key_averages()``, as the profiler's own table sorts them, on a profile taken now.
 
@@ -34,7 +39,10 @@ import torch
 from .. import measure, pipeline, train
 from . import StudentCodeError, judge, register, student
 from .judge_setup import Judged
+from .labelled import (PHASE_WORK, PROFILE_RECORDED, PROFILE_SKIPPED, model_convolutions,  # noqa: F401 (re-exported)
+                       phases_holding_their_work, profile_labelled)
 from .rungs import Recipe, Rung
+from .watch import watched
 
 
 class _KnownWorkload:
@@ -78,7 +86,7 @@ class Here:
         """``measure_throughput`` on a workload (``"known"``: :class:`_KnownWorkload`; ``"none"``:
         a call that does nothing; ``"matmul"``: :func:`_queued_matmuls`): ``(what it returned, how long
         each call of the workload took by its own record, the seconds the whole call took)``."""
-        fn = student(self.namespace, "measure_throughput", "01")
+        fn = watched(student(self.namespace, "measure_throughput", "01"), "measure_throughput", "01")
         work = {"known": lambda: _KnownWorkload(warmup), "none": lambda: _Nothing(),
                 "matmul": lambda: _queued_matmuls(self.lab.device)}[workload]()
         start = _clock()
@@ -89,14 +97,14 @@ class Here:
         pass
 
     def diagnose(self, breakdowns: list[dict[str, float]]) -> list[str]:
-        fn = student(self.namespace, "diagnose", "01")
+        fn = watched(student(self.namespace, "diagnose", "01"), "diagnose", "01")
         return [_answer(fn(dict(b))) for b in breakdowns]
 
     def top_operators(self, case: str) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
         """``top_operators`` on a profile taken now (``"crafted"``: :func:`_decoy_workload` on the CPU,
         top 3; ``"step"``: the naive step on the lab's device, top 5): ``(its answer, the profile's
         table: each operator and its self time in µs as the table counts it)``."""
-        fn = student(self.namespace, "top_operators", "01")
+        fn = watched(student(self.namespace, "top_operators", "01"), "top_operators", "01")
         device, n = (torch.device("cpu"), 3) if case == "crafted" else (self.lab.device, 5)
         averages = _profiled(_decoy_workload() if case == "crafted" else _naive_step(self.lab), device)
         got = fn(averages, device, n)
@@ -226,133 +234,36 @@ def diagnose(namespace, lab, sides=None):
 @register("01-trace", "01-phases-labelled")
 def trace(namespace, lab, sides=None):
     """The student's ``labelled_step``, profiled by the check (:func:`profile_labelled`): each call
-    is a training step of the step it was given (one batch, the weights moved), its profiled steps
-    hold convolutions, and it labels each phase of a step (train.PHASES) with record_function
-    around the work that phase names."""
+    is a training step of the step it was given (one batch, its own model's convolutions run,
+    every one of its parameters updated), its profiled steps hold convolutions, and it labels each
+    phase of a step (train.PHASES) with record_function around the work that phase names, on the
+    model and batch handed over (the operators' input shapes)."""
     student(namespace, "labelled_step", "01")
     sides = sides or Here(namespace, lab)
     profiled = sides.labelled_profile()
-    events, drawn, moved = profiled["events"], profiled["drawn"], profiled["moved"]
+    events, drawn = profiled["events"], profiled["drawn"]
+    ran, unchanged = profiled["ran"], profiled["unchanged"]
+    expected = model_convolutions(lab.profile.batch_size, lab.profile.image_size)
+    layers = sum(expected["forward"].values())
     wrong = "; ".join(filter(None, [
         any(n != 1 for n in drawn) and f"it took {drawn} batches from `batches` in its {len(drawn)} calls: "
                                        "one step takes one batch",
-        not moved and "the weights of the step it was given did not move: call `step.optimizer`'s step"]))
+        any(n < layers for n in ran) and f"the model of the step it was given ran {ran} of its {layers} "
+                                         "convolution layers in its calls: train `step.model` itself (not a "
+                                         "copy of it, or another network)",
+        any(unchanged) and (
+            "the weights of the step it was given did not move: call `step.optimizer`'s step"
+            if max(unchanged) == profiled["parameters"] else
+            f"{max(unchanged)} of the {profiled['parameters']} parameters of the step's model did not change in a "
+            "call: one step updates every weight of the step it was given, with `step.optimizer`'s step")]))
     convs = sum(1 for name, label, _, _ in events if not label and "conv" in name.lower())
-    labelled, why = phases_holding_their_work(events, model_convolutions())
+    labelled, why = phases_holding_their_work(events, expected)
     return [judge("01-trace", convs, lab, correct=not wrong, why_incorrect=wrong,
                   note=f"your labelled_step, profiled by the check: {len(events)} events, {convs} of them "
                        "convolutions"),
             judge("01-phases-labelled", labelled, lab, correct=not wrong, why_incorrect=wrong,
-                  note=why or "every phase of one step is labelled, in order, around the work it names")]
-
-
-# The profile the check takes, as 01's profiler cell does with torch.profiler.schedule(wait=1,
-# warmup=1, active=2): two calls not recorded, then two recorded, each its own ProfilerStep.
-PROFILE_SKIPPED, PROFILE_RECORDED = 2, 2
-
-
-def profile_labelled(fn: Callable, lab) -> dict:
-    """``fn(batches, step)`` (the student's ``labelled_step``) called PROFILE_SKIPPED times, then
-    PROFILE_RECORDED times under the profiler (:func:`measure.profiler`), each call a
-    ``ProfilerStep#N`` as torch.profiler's schedule labels it, given the naive loader's batches and
-    a fresh fp32 step of the lab's: ``{"events": [(name, is a record_function label, start µs, end µs)] of the recorded
-    steps, "drawn": batches each call took, "moved": whether the step's weights changed}``."""
-    step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
-    source = pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed))
-    taken = [0]
-
-    def batches():
-        for batch in source:
-            taken[0] += 1
-            yield batch
-
-    feed, before = batches(), [p.detach().clone() for p in step.model.parameters()]
-    drawn = []
-
-    def call():
-        was = taken[0]
-        fn(feed, step)
-        measure.sync(lab.device)
-        drawn.append(taken[0] - was)
-
-    for _ in range(PROFILE_SKIPPED):
-        call()
-    with measure.profiler(lab.device) as prof:
-        for i in range(PROFILE_RECORDED):
-            with torch.profiler.record_function(f"ProfilerStep#{PROFILE_SKIPPED + i}"):
-                call()
-    moved = any(not torch.equal(a, b.detach()) for a, b in zip(before, step.model.parameters()))
-    # What the checks read, and no more: the host's operators and labels (not the GPU's kernels,
-    # whose long names would crowd the judge's wire), labels and the operators that name work.
-    keys = ("conv",) + tuple(k for work in PHASE_WORK.values() for k in work)
-    events = [(str(e.name)[:120], bool(e.is_user_annotation), float(e.time_range.start), float(e.time_range.end))
-              for e in prof.function_events if e.device_type == torch.autograd.DeviceType.CPU
-              and (e.is_user_annotation or any(k in str(e.name).lower() for k in keys))]
-    return {"events": events, "drawn": drawn, "moved": moved}
-
-
-def model_convolutions() -> int:
-    """How many convolutions one forward of the lab's network runs (its Conv2d layers: ResNet-18's 20)."""
-    with torch.device("meta"):
-        model = train.build_model()
-    return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-
-
-# What a labelled phase must hold (operators or labels starting inside it, by name, lower-cased):
-# the work it names. The forward and the backward hold every convolution of the network ("at
-# least as many as it has"): a label around one token convolution, with the step run outside it,
-# holds one. "data wait" and "host to device" may hold nothing (on a CPU the copy is nothing).
-PHASE_WORK = {"forward": ("aten::conv2d",), "backward": ("aten::convolution_backward",),
-              "optimizer": ("optimizer.step#", "_foreach_", "aten::add_", "aten::mul_", "aten::addcmul_",
-                            "aten::lerp_")}
-PHASE_HOLDS_EVERY_CONVOLUTION = ("forward", "backward")
-
-
-def phases_holding_their_work(events: list[tuple[str, bool, float, float]], convolutions: int = 1) -> tuple[int, str]:
-    """``(phases, why)``: how many of train.PHASES one profiled step labels with record_function,
-    in order, each around the work it names (PHASE_WORK; the forward and the backward at least
-    ``convolutions`` of theirs), in the step that does best; ``why`` says what is missing there
-    ("" when all five are). ``events`` are ``(name, is a label, start, end)``; a step is a
-    ``ProfilerStep`` label (the whole profile where there is none); the first label of each phase
-    in it counts."""
-    import bisect
-
-    work = sorted((start, name.lower()) for name, label, start, _ in events
-                  if not label or name.startswith("Optimizer."))
-    starts = [w[0] for w in work]
-    steps = [(start, end) for name, label, start, end in events if label and name.startswith("ProfilerStep")]
-    steps = steps or [(-float("inf"), float("inf"))]
-    labels = sorted((start, end, name) for name, label, start, end in events if label and name in train.PHASES)
-
-    def holds(phase: str, start: float, end: float) -> bool:
-        inside = [name for _, name in work[bisect.bisect_left(starts, start):bisect.bisect_right(starts, end)]]
-        if phase in PHASE_HOLDS_EVERY_CONVOLUTION:
-            return sum(name == PHASE_WORK[phase][0] for name in inside) >= convolutions
-        return any(any(k in name for k in PHASE_WORK[phase]) for name in inside)
-
-    best = (-1, "")
-    for lo, hi in steps:
-        first = {}
-        for start, end, name in labels:
-            if lo <= start <= hi and name not in first:
-                first[name] = (start, end)
-        missing = [p for p in train.PHASES if p not in first]
-        empty = [p for p, (start, end) in first.items() if p in PHASE_WORK and not holds(p, start, end)]
-        order = [p for p in train.PHASES if p in first]
-        ordered = all(first[a][1] <= first[b][0] for a, b in zip(order, order[1:]))
-        good = 0 if not ordered else len(first) - len(empty)
-        why = "; ".join(filter(None, [
-            missing and f"no record_function label for {', '.join(map(repr, missing))} in the profile; label each "
-                        "phase of the step with ls.train.PHASES' names",
-            empty and f"{', '.join(map(repr, empty))} wrap{'s' if len(empty) == 1 else ''} not the work "
-                      f"{'it names' if len(empty) == 1 else 'they name'} (the forward all the network's "
-                      f"{convolutions} convolutions, the backward their {convolutions} convolution_backward, "
-                      "the optimizer its update): put the step's own code inside the labels",
-            not ordered and f"the labels are not in the step's order ({', '.join(sorted(first, key=first.get))}, "
-                            "by start time, overlapping"
-                            " or not one after the other): label one step as it runs"]))
-        best = max(best, (good, why), key=lambda b: b[0])
-    return best
+                  note=why or "every phase of one step is labelled, in order, around the work it names, "
+                              "on the model and batch handed over")]
 
 
 def _self_time_us(event, device: torch.device) -> float:

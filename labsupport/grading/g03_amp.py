@@ -30,6 +30,7 @@ from . import (CheckResult, StudentCodeError, bar, judge, one_batch, partners, r
                with_baseline)
 from .judge_setup import Judged, MODEL_BYTES
 from .rungs import Recipe, Rung, measured
+from .watch import watched
 
 
 def amp_step(fn: Callable, dtype: torch.dtype | None, channels_last: bool, device: torch.device,
@@ -45,7 +46,7 @@ def amp_step(fn: Callable, dtype: torch.dtype | None, channels_last: bool, devic
 
 def precision(choose: Callable, machine) -> tuple[torch.dtype | None, bool]:
     """``(dtype, channels_last)`` from the student's ``choose_precision(machine)``, checked."""
-    choice = choose(machine)
+    choice = watched(choose, "choose_precision", "03")(machine)
     try:
         dtype, channels_last = choice["dtype"], bool(choice["channels_last"])
     except (TypeError, KeyError):

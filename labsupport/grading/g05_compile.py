@@ -20,6 +20,7 @@ from . import CheckResult, StudentCodeError, carried, judge, one_batch, register
 from .g03_amp import precision
 from .judge_setup import Judged
 from .rungs import Recipe, Rung, measured
+from .watch import watched
 
 
 class Inference:
@@ -37,7 +38,7 @@ class Inference:
         self.fn = self.model
         if compile_fn is not None:
             torch.compiler.reset()
-            self.fn = compile_fn(self.model)
+            self.fn = watched(compile_fn, "compile_inference", "05")(self.model)
 
     def cold(self) -> int:
         """The first call, which compiles (graph caches off, as :func:`measure.cold_compile_s`); the
@@ -87,7 +88,7 @@ class Here:
         pass
 
     def break_even(self, cases) -> list[float]:
-        fn = student(self.namespace, "break_even_steps", "05")
+        fn = watched(student(self.namespace, "break_even_steps", "05"), "break_even_steps", "05")
         return [float(fn(c, e, k)) for c, e, k in cases]
 
     def precision(self) -> tuple[torch.dtype | None, bool]:
@@ -107,7 +108,7 @@ def compile_inference(namespace, lab, sides=None):
     sides = sides or Here(namespace, lab)
     cannot = hardware.compile_problem(lab.machine)
     if cannot:  # an older GPU: nothing to compile with; the formula is checked on crafted cases
-        wrong = _break_even_errors(sides.break_even, [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)])
+        wrong = _break_even_failures(sides.break_even, [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)])
         return [CheckResult("05-compile-speedup", None, None, "higher", lab.machine.device_class, "n/a", cannot),
                 judge("05-break-even", float(not wrong), lab, correct=not wrong,
                       why_incorrect="; ".join(wrong), note="two crafted cases (no compile time to measure here)")]
@@ -154,7 +155,7 @@ def compile_inference(namespace, lab, sides=None):
                                         "baseline_step_ms": summary["baseline_ms"]})
     eager_ms, compiled_ms = summary["baseline_ms"], summary["candidate_ms"]
     cases = [(compile_s, eager_ms, compiled_ms), (20.0, 100.0, 60.0), (30.0, 50.0, 55.0)]
-    wrong = _break_even_errors(sides.break_even, cases)
+    wrong = _break_even_failures(sides.break_even, cases)
     even = judge("05-break-even", float(not wrong), lab, correct=not wrong,
                  why_incorrect="; ".join(wrong),
                  note=f"compile took {compile_s:.1f} s (measured now, graph caches off); "
@@ -170,6 +171,15 @@ def _relative_error(out: torch.Tensor, eager: torch.Tensor) -> float:
         return math.inf
     err = float((out - eager).norm() / eager.norm())
     return err if math.isfinite(err) else math.inf
+
+
+def _break_even_failures(answer, cases) -> list[str]:
+    """:func:`_break_even_errors`, where ``break_even_steps`` raising (or calling what it may not:
+    :mod:`.watch`) is one more failure of its own check, not of the compiled inference measured before it."""
+    try:
+        return _break_even_errors(answer, cases)
+    except Exception as err:  # the student's function, whatever it raised, in this process or its worker
+        return [f"break_even_steps raised {type(err).__name__}: {str(err)[:400]}"]
 
 
 def _break_even_errors(answer, cases) -> list[str]:

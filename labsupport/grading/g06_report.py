@@ -30,6 +30,7 @@ from .. import measure, notebooks, pipeline, report, results, train
 from . import carried, judge, partners, register, rungs, speed, student, written_now
 from .g03_amp import timed_calls, trains
 from .judge_setup import Judged, MODEL_BYTES
+from .watch import watched
 
 
 @register("06-stages")
@@ -209,7 +210,7 @@ class Here:
         self.namespace, self.lab = namespace, lab
 
     def assemble_ladder(self, frame: pd.DataFrame):
-        return student(self.namespace, "assemble_ladder", "06")(frame)
+        return watched(student(self.namespace, "assemble_ladder", "06"), "assemble_ladder", "06")(frame)
 
     def pipeline(self, side: str) -> HeldPipeline:
         """The naive pipeline (``side="baseline"``) or the student's composed one (``"candidate"``)."""
@@ -371,7 +372,7 @@ def html_report(namespace, lab, sides=None):
              "machine": 'class="dataframe machine"' in text}
     missing = [k for k, v in found.items() if not v]
     return [judge("06-html", float(not missing), lab, correct=not missing,
-                  why_incorrect=f"{path} lacks: {', '.join(missing)}")]
+                  why_incorrect=f"{path.name} lacks: {', '.join(missing)}")]
 
 
 # How the judge sets up 06's checks: the naive pipeline in a worker of its own, the ladder and the

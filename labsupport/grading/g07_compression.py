@@ -33,6 +33,7 @@ import torch
 from .. import compress, measure
 from . import CheckResult, StudentCodeError, exported, judge, register, speed, student
 from .judge_setup import Judged, MODEL_BYTES
+from .watch import watched
 
 _TRAINED: dict[tuple, tuple] = {}  # (profile, seed, device) -> (data, fp32 model, its accuracy)
 _DATA: list = []  # the lab's images at 07's size, decoded once per process
@@ -117,8 +118,8 @@ class Here:
     def pruned(self, weights: dict[str, torch.Tensor]) -> Pruned:
         """``prune_globally(model, AMOUNT)``, the lab's fine-tune and ``make_permanent`` on a model
         holding ``weights``."""
-        prune_globally = student(self.namespace, "prune_globally", "07")
-        make_permanent = student(self.namespace, "make_permanent", "07")
+        prune_globally = watched(student(self.namespace, "prune_globally", "07"), "prune_globally", "07")
+        make_permanent = watched(student(self.namespace, "make_permanent", "07"), "make_permanent", "07")
         model, data = compress.model_from(weights), _data()
         with compress.quiet():
             pruned = prune_globally(model, compress.AMOUNT)
@@ -154,7 +155,7 @@ class Here:
     def distill_losses(self, cases: list[Case]) -> list[tuple[float, torch.Tensor]]:
         """``distillation_loss`` on each crafted case: its value, and its gradient with respect to the
         student's logits."""
-        fn = student(self.namespace, "distillation_loss", "07")
+        fn = watched(student(self.namespace, "distillation_loss", "07"), "distillation_loss", "07")
         out = []
         for case in cases:
             logits = case.student.clone().requires_grad_(True)

@@ -444,18 +444,19 @@ class Sides:
 
         worker = self.workers["candidate"]
         reply = worker.request("labelled_profile")
-        names, drawn = reply.get("names"), reply.get("drawn")
+        names, counts = reply.get("names"), [reply.get(key) for key in ("drawn", "ran", "unchanged")]
         tables = worker.tensors(reply)
         if (not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(tables) != 1
-                or tables[0].dim() != 2 or tables[0].shape[1] != 4 or not isinstance(drawn, list)
-                or not all(isinstance(n, int) for n in drawn)):
+                or tables[0].dim() != 2 or tables[0].shape[1] != 4 or not isinstance(reply.get("parameters"), int)
+                or not all(isinstance(c, list) and len(c) <= 16 and all(isinstance(n, int) for n in c) for c in counts)):
             raise StudentCodeError("the profile of labelled_step did not come back as events")
         events = []
         for i, label, start, end in tables[0].tolist():
             if not (0 <= i < len(names) and i == int(i)):
                 raise StudentCodeError("the profile of labelled_step came back naming events it did not send")
             events.append((names[int(i)], bool(label), float(start), float(end)))
-        return {"events": events, "drawn": drawn, "moved": reply.get("moved") is True}
+        return {"events": events, **dict(zip(("drawn", "ran", "unchanged"), counts)),
+                "parameters": reply["parameters"]}
 
     def checkpoint_step(self, side: str) -> RemoteHeld:
         """04: the plain step (baseline) or the student's checkpointed one (candidate), held in
