@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -88,9 +89,13 @@ def carried(texts: dict[str, str], folder: Path) -> None:
     if not texts:
         return
     jobs = [(n, text, str(folder / f"{n}.pkl")) for n, text in texts.items()]
-    done = subprocess.run([sys.executable, "-c", KERNEL, json.dumps(jobs)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "LAB_PROFILE": "tiny"})
-    assert done.returncode == 0, done.stderr[-3000:]
+    # Its output into a file, not a pipe: code that starts processes as it runs (the burners below)
+    # would hold a pipe open, and the run would wait for them; so it ends, is reaped, and they see it gone.
+    with tempfile.TemporaryFile("w+") as log:
+        done = subprocess.run([sys.executable, "-c", KERNEL, json.dumps(jobs)], stdout=log, stderr=log, text=True,
+                              timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "LAB_PROFILE": "tiny"})
+        log.seek(0)
+        assert done.returncode == 0, log.read()[-3000:]
 
 
 @pytest.fixture(scope="module")
