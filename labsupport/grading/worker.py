@@ -455,28 +455,31 @@ def main(argv: list[str] | None = None) -> int:
             return ["labsupport.grading.restore_library_functions", *restore(libraries)]
         return restore(libraries)
 
-    while True:
-        try:
-            request = wire.receive(requests)
-        except wire.WireError:
-            return 0  # the judge went away
-        op = request.get("op")
-        if op == "quit":
-            wire.send(replies, {"ok": True})
-            return 0
-        try:
-            if op == "guard":
-                answer = {"patched": guard()}
-            else:
-                handler = getattr(served, f"op_{op}", None) if isinstance(op, str) else None
-                if handler is None:
-                    raise ValueError(f"unknown request {op!r}")
-                answer = handler(request)
-                if op == "load":
-                    answer["patched"] = guard()
-        except Exception as err:  # the student's code raised: the judge fails the check with it
-            answer = {"error": f"{type(err).__name__}: {str(err)[:500]}"}
-        wire.send(replies, answer)
+    try:
+        while True:
+            try:
+                request = wire.receive(requests)
+            except wire.WireError:
+                return 0  # the judge went away
+            op = request.get("op")
+            if op == "quit":
+                wire.send(replies, {"ok": True})
+                return 0
+            try:
+                if op == "guard":
+                    answer = {"patched": guard()}
+                else:
+                    handler = getattr(served, f"op_{op}", None) if isinstance(op, str) else None
+                    if handler is None:
+                        raise ValueError(f"unknown request {op!r}")
+                    answer = handler(request)
+                    if op == "load":
+                        answer["patched"] = guard()
+            except Exception as err:  # the student's code raised: the judge fails the check with it
+                answer = {"error": f"{type(err).__name__}: {str(err)[:500]}"}
+            wire.send(replies, answer)
+    finally:  # its scratch store goes with it (outside a sandbox's /tmp, nothing else removes it)
+        shutil.rmtree(results, ignore_errors=True)
 
 
 if __name__ == "__main__":
