@@ -176,7 +176,7 @@ def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str,
     spec = {"notebook": number, "inputs": str(inputs), "judged": str(dirs.judged), "out": str(out), "since": since,
             "sandbox": worker_box.command([], cwd=Path("/tmp")) if worker_box else [],
             "env": workers_env if worker_box else inner, **settings}
-    groups, grouped = worker_groups(number, worker_box, problems)
+    groups, grouped = worker_groups(number, worker_box, problems, within=box.group if box else None)
     spec.update(grouped)
     (inputs / "judge.json").write_text(json.dumps(spec, indent=1))
     argv = [sys.executable, "-P", "-m", "labsupport.grading.judging", str(inputs / "judge.json")]
@@ -200,14 +200,17 @@ def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str,
     return verdict
 
 
-def worker_groups(number: str, worker_box: sandbox.Sandbox | None, problems: list[str]) -> tuple[dict, dict]:
+def worker_groups(number: str, worker_box: sandbox.Sandbox | None, problems: list[str], *,
+                  within: Path | None = None) -> tuple[dict, dict]:
     """The judge's two workers' cgroup v2 groups (``{"student": Group, "baseline": Group}``), made
     here, as root, under this grader's (:func:`sandbox.group_path`), empty, and what the judge's
     spec says of them: ``groups`` (their paths) and ``sandboxes`` (each worker's sandbox prefix,
     which joins its group as root before bwrap starts the worker: its first instruction is in it).
     The judge freezes each as a whole while it times the other; the caller removes them. None
     where there is no sandbox (the judge then makes its own, where it can) or none can be made
-    (``problems`` says why, and the judge grades no speed comparing two sides)."""
+    (``problems`` says why, and the judge grades no speed comparing two sides). ``within``: the
+    submission's own group, below which they are made, so that ending it (``cgroup.kill`` when a
+    stopped ``grade`` ends its batch) ends the judge's workers too."""
     from labsupport.grading import cgroups
 
     if worker_box is None:
@@ -215,7 +218,8 @@ def worker_groups(number: str, worker_box: sandbox.Sandbox | None, problems: lis
     try:
         groups = {}
         for role in ("student", "baseline"):
-            groups[role] = cgroups.Group.make(sandbox.group_path(f"judge-{number}-{role}"))
+            name = f"judge-{number}-{role}"
+            groups[role] = cgroups.Group.make(Path(within) / name if within else sandbox.group_path(name))
             groups[role].kill()  # what a killed grader's judge left there, if anything
     except cgroups.CgroupError as err:
         for group in groups.values():
