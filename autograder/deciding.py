@@ -77,7 +77,8 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     # What the process takes, from where: the kernel's carried code; for a judged
     # notebook, also the earlier notebooks' carried code its student worker runs, as this grader
     # kept it (root's copy where a judge decided that notebook, else the store its verdict wrote).
-    wanted = [(dirs.results, f"code/{number}.pkl")]
+    # and its readable copy (code/<NN>.py: never loaded, kept for the instructor and the student to read).
+    wanted = [(dirs.results, f"code/{number}.pkl"), (dirs.results, f"code/{number}.py")]
     for earlier in judge_setup.earlier_code(number) if judged else ():
         name = f"code/{earlier}.pkl"
         wanted.append((dirs.judged if (dirs.judged / name).is_file() else dirs.store, name))

@@ -352,8 +352,7 @@ def test_a_worker_frozen_as_a_group_uses_no_cpu_where_sigstop_by_pid_list_let_it
     time over each 0.2 s pause. Stopped by signal, its burners ran (38-95 ms of CPU per pause on 2
     busy cores); frozen, nothing did (0 us in every pause)."""
     inputs = tmp_path / "inputs"
-    (inputs / "code").mkdir(parents=True)
-    (inputs / "code" / "02.py").write_text(NAIVE_ANSWER + CHEATS["pid hopper, setsid burners"])
+    carried({"02": NAIVE_ANSWER + CHEATS["pid hopper, setsid burners"]}, inputs / "code")
     group = cgroups.Group.make(cgroups.mount() / f"lab-test-{os.getpid()}-{tmp_path.name[-12:]}")
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     spec = {"notebook": "02", "profile": "tiny", "data": str(tiny_data), "inputs": str(inputs)}

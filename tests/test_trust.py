@@ -462,9 +462,10 @@ def test_code_that_patches_what_measures_it_when_loaded_fails_every_check(how, t
 
     from labsupport import grading
 
+    from test_judge import carried  # kept as a kernel keeps it, with the cell run again as it loads
+
     store = tmp_path / "store"
-    (store / "code").mkdir(parents=True)
-    (store / "code" / "02.py").write_text(LOADED_WITH[how])
+    carried({"02": LOADED_WITH[how]}, store / "code")
     spec = {"notebook": "02", "profile": "tiny", "thresholds": str(grading.thresholds_path()),
             "calibration": None, "store": str(store), "report": str(tmp_path / "report.html"),
             "data": str(tiny_data), "since": 0, "out": str(tmp_path / "verdict.json"), "inputs": None}

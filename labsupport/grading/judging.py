@@ -720,9 +720,12 @@ def main(argv: list[str] | None = None) -> int:
     hardware.quiet_library_logs(lab.device)
     out = {"notebook": number, "checks": {}, "rung": None, "problems": [], "judge": True}
     code = Path(spec["inputs"]) / "code" / f"{number}.pkl"
-    if code.is_file():  # root's copy, bytes only (never unpickled here): what later notebooks' workers load
-        (judged / "code").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(code, judged / "code" / code.name)
+    # Root's copies, bytes only (never unpickled here): what later notebooks' workers load, and its
+    # readable copy beside it (what the grader keeps in results/<student>/code for people to read).
+    for kept in (code, code.with_suffix(".py")):
+        if kept.is_file():
+            (judged / "code").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept, judged / "code" / kept.name)
     # The rungs verdict processes recorded (02's on CUDA), as the grader took them: beside the judges' own.
     for rung in sorted((Path(spec["inputs"]) / "rungs").glob("*.json")):
         if not (judged / rung.name).exists():
