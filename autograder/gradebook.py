@@ -56,8 +56,12 @@ def last_error_line(outcome: dict) -> str:
     """The last [ERROR] line an nbgrader app logged (else the last line of its traceback)."""
     text = (outcome.get("log") or "") + "\n" + (outcome.get("error") or "")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("[ERROR]")]
-    return (errors or lines or ["unknown error"])[-1][:300]
+    # nbgrader's own last words are often "Please see the above traceback": the error itself is the
+    # traceback's last line, said beside it.
+    errors = [line for line in lines if line.startswith("[ERROR]") and "see the the above traceback" not in line
+              and "see the above traceback" not in line]
+    raised = [line for line in lines if not line.startswith("[") and ("Error" in line or "Exception" in line)]
+    return "; ".join(dict.fromkeys((errors[-1:] or []) + raised[-1:])).strip()[:300] or (lines or ["unknown error"])[-1][:300]
 
 
 def feedback(where: Course | Path, student: str) -> None:
