@@ -156,7 +156,8 @@ def test_a_stopped_grade_ends_everything_and_records_only_what_the_judge_decided
     assert grader.returncode == 0, out[-3000:]
     assert _left_behind(root) == []
     summary = pd.read_csv(root / "grading_summary.csv", keep_default_na=False)
-    assert _scores(root) == {"blank": 0.0, "reference": FULL}, summary[["student", "notebook", "status", "errors"]].to_string()
+    assert _scores(root) == {"blank": 0.0, "reference": FULL}, \
+        summary[["student", "notebook", "status", "errors"]].to_string() + "\n" + out[-3000:]
     assert set(summary.status) == {"graded", "missing"} and not summary.interrupted.astype(str).eq("True").any(), summary
     first = summary.loc[summary.notebook == NOTEBOOK].set_index("student")
     assert first.status.to_dict() == {"blank": "graded", "reference": "graded"}, summary
