@@ -242,7 +242,10 @@ def test_code_that_bends_the_baseline_or_the_judge_when_loaded_earns_nothing(tmp
     verdict = judge(tmp_path / "plain", tiny_data, plain, profile="tiny:grades_speed=1")
     speedup = verdict["checks"]["02-loader-speedup"]
     assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
-    assert speedup["measured"] < 1.5, speedup  # the naive loader is about 1x of itself
+    # The naive loader against itself: about 1x, but at the tiny profile beside make test's other
+    # lanes one run read 1.68x (and the instructor tests note tiny-profile speedups varying 3x between
+    # runs); what matters is that it stays well under the bar, as measured here.
+    assert speedup["measured"] < 2.5, speedup
 
 
 # The paused side keeps running (issue 60). The naive loader served as the answer, with processes
