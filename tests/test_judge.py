@@ -1011,7 +1011,7 @@ def test_01_a_halved_timer_and_labels_around_token_work_lose_exactly_their_check
     01-trace holds). The rest keep their points."""
     code = reference_code["01"] + """
 
-from labsupport.grading import g01_profile as _g01
+from labsupport.grading import g01_worker as _g01
 
 _honest_timer, _honest_sleep = measure_throughput, _g01._sleep
 _g01._sleep = lambda seconds: _honest_sleep(seconds / 2)
@@ -1021,11 +1021,11 @@ def measure_throughput(step, device, *, warmup, steps, samples_per_step):
     return _honest_timer(step, device, warmup=warmup, steps=steps, samples_per_step=samples_per_step)
 """
     verdict = judge(tmp_path / "caught", tiny_data, code, notebook="01")
-    assert_caught_patching(verdict, "g01_profile._sleep")
+    assert_caught_patching(verdict, "g01_worker._sleep")
     # The same sleep halved from inside the timer, where only the judge's own clock can tell.
     code = reference_code["01"] + """
 
-from labsupport.grading import g01_profile as _g01
+from labsupport.grading import g01_worker as _g01
 
 _honest_timer, _honest_sleep = measure_throughput, _g01._sleep
 
@@ -1052,7 +1052,7 @@ def measure_throughput(step, device, *, warmup, steps, samples_per_step):
 DELEGATED_01 = """
 
 from labsupport.measure import time_steps as _timer
-from labsupport.grading import g01_profile as _g01
+from labsupport.grading import g01_worker as _g01
 
 
 def measure_throughput(step, device, *, warmup, steps, samples_per_step):

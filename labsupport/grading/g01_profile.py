@@ -27,119 +27,19 @@ the step runs, and only its events come back.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-# Bound when labsupport is imported, before any student code runs (as measure's clock is): a
-# notebook that later replaces time.sleep or time.perf_counter does not change the known workload.
-from time import perf_counter as _clock
-from time import sleep as _sleep
+import time
 
 import numpy as np
 import torch
 
 from .. import measure, pipeline, train
 from . import StudentCodeError, judge, register, student
-from .judge_setup import Judged
+from .g01_worker import Here, _queued_matmuls, _self_time_us, _timer_answer  # noqa: F401 (re-exported)
+from .judge_setup import Judged, RemoteSides
 from .labelled import (PHASE_WORK, PROFILE_RECORDED, PROFILE_SKIPPED, model_convolutions,  # noqa: F401 (re-exported)
                        phases_holding_their_work, profile_labelled)
 from .rungs import Recipe, Rung
 from .watch import watched
-
-
-class _KnownWorkload:
-    """A step of known duration (20 ms) whose first calls are slow (100 ms), as a real first
-    training step is (allocator growth, autotuning, lazy initialisation). It sleeps rather than
-    computes, and records how long each call really took: a timer is judged against the very
-    calls it timed, so a sleep that wakes late on a busy machine moves both alike."""
-
-    def __init__(self, slow_calls: int):
-        self.slow_calls, self.took_ms = slow_calls, []
-
-    def __call__(self) -> None:
-        start = _clock()
-        _sleep(0.1 if len(self.took_ms) < self.slow_calls else 0.02)
-        self.took_ms.append((_clock() - start) * 1000)
-
-
-THROUGHPUT_KEYS = ("images_per_s", "median_ms", "p50_ms", "p95_ms", "p99_ms")
-
-
-def _timer_answer(got) -> dict[str, float]:
-    """What ``measure_throughput`` returned, as the five numbers it must hold (else a StudentCodeError)."""
-    missing = set(THROUGHPUT_KEYS) - set(got if isinstance(got, dict) else {})
-    if missing:
-        raise StudentCodeError(f"measure_throughput must return a dict with {', '.join(sorted(missing))}")
-    try:
-        return {key: float(got[key]) for key in THROUGHPUT_KEYS}
-    except (TypeError, ValueError):
-        raise StudentCodeError("measure_throughput must return numbers for "
-                               f"{', '.join(THROUGHPUT_KEYS)}") from None
-
-
-class Here:
-    """The student's 01 functions, called in this process (the notebook's self-check); the grader's
-    judge passes its own ``sides``, which calls them in the student's worker."""
-
-    def __init__(self, namespace: dict, lab):
-        self.namespace, self.lab = namespace, lab
-
-    def timed_workload(self, workload: str, *, warmup: int, steps: int, samples: int) -> tuple[dict, list[float], float]:
-        """``measure_throughput`` on a workload (``"known"``: :class:`_KnownWorkload`; ``"none"``:
-        a call that does nothing; ``"matmul"``: :func:`_queued_matmuls`): ``(what it returned, how long
-        each call of the workload took by its own record, the seconds the whole call took)``."""
-        fn = watched(student(self.namespace, "measure_throughput", "01"), "measure_throughput", "01")
-        work = {"known": lambda: _KnownWorkload(warmup), "none": lambda: _Nothing(),
-                "matmul": lambda: _queued_matmuls(self.lab.device)}[workload]()
-        start = _clock()
-        got = fn(work, self.lab.device, warmup=warmup, steps=steps, samples_per_step=samples)
-        return _timer_answer(got), list(getattr(work, "took_ms", [])), _clock() - start
-
-    def focus(self, side: str | None) -> None:
-        pass
-
-    def diagnose(self, breakdowns: list[dict[str, float]]) -> list[str]:
-        fn = watched(student(self.namespace, "diagnose", "01"), "diagnose", "01")
-        return [_answer(fn(dict(b))) for b in breakdowns]
-
-    def top_operators(self, case: str) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
-        """``top_operators`` on a profile taken now (``"crafted"``: :func:`_decoy_workload` on the CPU,
-        top 3; ``"step"``: the naive step on the lab's device, top 5): ``(its answer, the profile's
-        table: each operator and its self time in µs as the table counts it)``."""
-        fn = watched(student(self.namespace, "top_operators", "01"), "top_operators", "01")
-        device, n = (torch.device("cpu"), 3) if case == "crafted" else (self.lab.device, 5)
-        averages = _profiled(_decoy_workload() if case == "crafted" else _naive_step(self.lab), device)
-        got = fn(averages, device, n)
-        try:
-            got = [(str(name)[:200], float(ms)) for name, ms in list(got)[:50]]
-        except (TypeError, ValueError):
-            raise StudentCodeError(f"top_operators must return a list of (operator name, self ms) pairs, "
-                                   f"largest first; it returned {type(got).__name__}") from None
-        return got, [(e.key, float(_self_time_us(e, device))) for e in averages]
-
-    def labelled_profile(self) -> dict:
-        """``labelled_step`` profiled here (:func:`profile_labelled`)."""
-        return profile_labelled(student(self.namespace, "labelled_step", "01"), self.lab)
-
-
-def _answer(value) -> str:
-    """A diagnosis as the judge compares it: the text of what ``diagnose`` returned (at most 80 characters)."""
-    return value[:80] if isinstance(value, str) else f"<{type(value).__name__}>"
-
-
-class _Nothing:
-    """A call that does nothing (01's sync check off CUDA: the timer must still run and answer)."""
-
-    def __call__(self) -> None:
-        pass
-
-
-def _queued_matmuls(device: torch.device) -> Callable[[], None]:
-    """Work queued asynchronously on CUDA: the host returns long before the GPU is done."""
-    a = torch.randn(4096, 4096, device=device)
-
-    def work():
-        for _ in range(16):
-            a @ a
-    return work
 
 
 @register("01-throughput-error")
@@ -266,42 +166,6 @@ def trace(namespace, lab, sides=None):
                               "on the model and batch handed over")]
 
 
-def _self_time_us(event, device: torch.device) -> float:
-    """An operator's self time as the profiler's table counts it: on the device on CUDA, else on the CPU."""
-    return event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total
-
-
-def _decoy_workload() -> Callable[[], None]:
-    """Work whose largest *total* times (a user label around everything, then aten::linear, which
-    wraps the matrix product) are not its largest *self* times (aten::addmm, aten::mul)."""
-    g = torch.Generator().manual_seed(0)
-    x, w, b = torch.randn(256, 512, generator=g), torch.randn(512, 512, generator=g), torch.zeros(512)
-
-    def work():
-        with torch.profiler.record_function("## whole step ##"):
-            for _ in range(4):
-                y = torch.nn.functional.linear(x, w, b)
-                for _ in range(20):
-                    y = y * 1.0001
-    return work
-
-
-def _profiled(fn: Callable[[], object], device: torch.device, steps: int = 1):
-    """``key_averages()`` of ``steps`` calls of ``fn``, after one unprofiled warm-up call."""
-    fn()
-    with measure.profiler(device) as prof:
-        for _ in range(steps):
-            fn()
-        measure.sync(device)
-    return prof.key_averages()
-
-
-def _naive_step(lab) -> Callable[[], object]:
-    """The lab's fp32 step on the naive loader's next batch (01's profiled step)."""
-    step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
-    return train.pipeline_step(pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed)), step)
-
-
 # What each profile's table must hold, whoever took it: the crafted work's matrix product and
 # multiplications, the step's convolutions (a table from the student's worker is its word).
 _PROFILE_HOLDS = {"crafted": ("aten::addmm", "aten::mul"), "step": ("conv",)}
@@ -345,6 +209,59 @@ def top_operators(namespace, lab, sides=None):
 RUNG = Rung(lambda code, lab, made: Recipe())  # the recipe every rung starts from
 
 
+class Remote(RemoteSides):
+    """01's judge side: the student's functions called in their worker (:class:`~.g01_worker.Side`),
+    each answer checked as plain data here."""
+
+    def timed_workload(self, workload: str, *, warmup: int, steps: int, samples: int) -> tuple[dict, list, float]:
+        """:meth:`~.g01_worker.Here.timed_workload`'s answer; the seconds are the judge's, around the request."""
+        started = time.perf_counter()
+        reply = self.sides.ask("candidate", "timed_workload", workload=workload, warmup=warmup, steps=steps,
+                               samples=samples).get("value")
+        seconds = time.perf_counter() - started
+        took = reply.get("took_ms") if isinstance(reply, dict) else None
+        if not isinstance(took, list) or not all(isinstance(t, (int, float)) for t in took):
+            raise StudentCodeError("the workload's record of its calls did not come back")
+        return _timer_answer(reply.get("got")), [float(t) for t in took], seconds
+
+    def diagnose(self, breakdowns: list[dict]) -> list[str]:
+        """The student's ``diagnose`` on each breakdown (each answer as text)."""
+        from .workers import WorkerError
+
+        answers = self.sides.ask("candidate", "diagnose", breakdowns=breakdowns).get("value")
+        if not isinstance(answers, list) or len(answers) != len(breakdowns):
+            raise WorkerError("diagnose's answers did not come back")
+        return [str(a)[:80] for a in answers]
+
+    def top_operators(self, case: str) -> tuple[list, list]:
+        """The student's ``top_operators`` on a profile their worker takes now: its answer and the profile's table."""
+        reply = self.sides.ask("candidate", "top_operators", case=case).get("value")
+        try:
+            got = [(str(name), float(ms)) for name, ms in reply["got"]]
+            table = [(str(key), float(us)) for key, us in reply["table"]]
+        except (KeyError, TypeError, ValueError):
+            raise StudentCodeError("top_operators' answer or its profile did not come back as (name, time) pairs") from None
+        return got, table
+
+    def labelled_profile(self) -> dict:
+        """The student's ``labelled_step`` profiled in their worker: the events, as names and a number table."""
+        reply = self.sides.ask("candidate", "labelled_profile")
+        value, tables = reply.get("value"), reply.get("tensors") or []
+        value = value if isinstance(value, dict) else {}
+        names, counts = value.get("names"), [value.get(key) for key in ("drawn", "ran", "unchanged")]
+        if (not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(tables) != 1
+                or tables[0].dim() != 2 or tables[0].shape[1] != 4 or not isinstance(value.get("parameters"), int)
+                or not all(isinstance(c, list) and len(c) <= 16 and all(isinstance(n, int) for n in c) for c in counts)):
+            raise StudentCodeError("the profile of labelled_step did not come back as events")
+        events = []
+        for i, label, start, end in tables[0].tolist():
+            if not (0 <= i < len(names) and i == int(i)):
+                raise StudentCodeError("the profile of labelled_step came back naming events it did not send")
+            events.append((names[int(i)], bool(label), float(start), float(end)))
+        return {"events": events, **dict(zip(("drawn", "ran", "unchanged"), counts)),
+                "parameters": value["parameters"]}
+
+
 # How the judge sets up 01's checks: no baseline worker (they measure the naive step themselves, and
 # its rung is the naive step's); a worker's buffer holds a profile's events.
-JUDGED = Judged(buffer_floor=4 * 2**20)
+JUDGED = Judged(buffer_floor=4 * 2**20, remote=Remote)

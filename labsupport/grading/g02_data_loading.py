@@ -19,7 +19,7 @@ import torch
 
 from .. import measure, pipeline, train
 from . import partners, register, speed, student, with_baseline
-from .judge_setup import Judged
+from .judge_setup import Judged, RemoteSides
 from .rungs import Recipe, Rung, measured
 
 # The first augmented training batches checked against the dataset's images (a loader that skips
@@ -184,6 +184,25 @@ RUNG = Rung(their_loader, extras=lambda found, lab: {
     "loader_speedup": measured(found, "02-loader-speedup"), "data_wait_share": measured(found, "02-data-wait-share")})
 
 
+class Remote(RemoteSides):
+    """02's judge side: each loader built in its side's worker (:class:`~.g02_worker.Side`) and
+    iterated from here, batch by batch, each batch the judge's own copy."""
+
+    STANDS_IN = ("make_fast_loader",)
+
+    def naive_loader(self, profile, *, split: str = "train", augment: bool = True, seed: int = 0):
+        """The naive loader, built in the baseline's worker (no student code ever ran there)."""
+        return self.sides.held("baseline", "loader", asked=(), split=split, augment=augment, seed=seed,
+                               batch_size=profile.batch_size)
+
+    def make_fast_loader(self, lab, **kw):
+        """The student's ``make_fast_loader(lab, split=..., augment=...)``, called in their worker
+        (with only the arguments given here: their own defaults apply to the rest)."""
+        return self.sides.held("candidate", "loader", asked=(), **{k: kw[k] for k in ("split", "augment") if k in kw},
+                               batch_size=lab.profile.batch_size)
+
+
 # How the judge sets up 02's checks: the naive loader in a worker of its own; on CUDA a verdict
 # process decides (:func:`.judge_setup.judges` says why).
-JUDGED = Judged(baseline=True, not_on=("cuda",), compared=("02-loader-speedup", "02-data-wait-share"))
+JUDGED = Judged(baseline=True, not_on=("cuda",), compared=("02-loader-speedup", "02-data-wait-share"),
+                remote=Remote)

@@ -11,92 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-
 import torch
 
-from .. import hardware, measure, train
-from . import CheckResult, StudentCodeError, carried, judge, one_batch, register, speed, student
-from .g03_amp import precision
-from .judge_setup import Judged
+from .. import hardware, measure
+from . import CheckResult, StudentCodeError, judge, register, speed, student
+from .g03_amp import asked_precision
+from .g05_worker import Here, Inference  # noqa: F401 (re-exported)
+from .judge_setup import Judged, RemoteSides
 from .rungs import Recipe, Rung, measured
-from .watch import watched
-
-
-class Inference:
-    """One side of 05's comparison: labsupport's seeded ResNet-18 on one batch, in the student's 03
-    precision, either eager (the baseline: ``compile_fn`` None) or as the student's
-    ``compile_inference`` returned it. The self-check holds both in its own process; the grader's
-    judge holds each in a worker of its own (:mod:`.judging`) and times their calls from outside."""
-
-    def __init__(self, lab, dtype: torch.dtype | None, compile_fn: Callable | None = None):
-        self.device = lab.device
-        with torch.random.fork_rng(devices=[]):  # the same batch in every process: its augmentation seeded
-            torch.manual_seed(lab.seed)
-            images = one_batch(lab)[0]
-        self.model, self.images, self.autocast = train.inference_setup(lab.device, images, dtype, seed=lab.seed)
-        self.fn = self.model
-        if compile_fn is not None:
-            torch.compiler.reset()
-            self.fn = watched(compile_fn, "compile_inference", "05")(self.model)
-
-    def cold(self) -> int:
-        """The first call, which compiles (graph caches off, as :func:`measure.cold_compile_s`); the
-        number of graphs Dynamo captured in it."""
-        from torch._dynamo.utils import counters  # Dynamo's own count of the graphs it captured
-        from torch._inductor import config as inductor_config
-
-        graphs = counters["stats"]["unique_graphs"]
-        with inductor_config.patch(fx_graph_cache=False, autotune_local_cache=False):
-            self()
-        measure.sync(self.device)
-        return counters["stats"]["unique_graphs"] - graphs
-
-    def eager_calls(self) -> int:
-        """How often the model's own first layer ran eagerly during one call. A hook added to the
-        model now is not in a compiled graph (Dynamo does not guard on hooks), so it fires only
-        where the model itself still runs eagerly (a wrapper that compiled something else)."""
-        calls = []
-        hook = self.model.conv1.register_forward_hook(lambda *args: calls.append(1))
-        try:
-            self()
-        finally:
-            hook.remove()
-        return len(calls)
-
-    def __call__(self, call: int | None = None) -> torch.Tensor:
-        """One inference call: the logits of the batch, or, for timed call number ``call``, of the
-        batch plus noise seeded by that number: fresh input every call, the same on both sides, so
-        no call's answer can be one remembered from an earlier call."""
-        images = self.images
-        if call is not None:
-            noise = torch.Generator(device=self.device).manual_seed(call)
-            images = images + torch.randn(images.shape, generator=noise, device=self.device,
-                                          dtype=images.dtype).contiguous(memory_format=torch.channels_last)
-        with torch.no_grad(), self.autocast:
-            return self.fn(images)
-
-
-class Here:
-    """Both sides in this process, as the self-check runs them. The grader's judge passes its own
-    (:class:`~labsupport.grading.judging.Sides`): each side in a worker, the other one stopped."""
-
-    def __init__(self, namespace: dict, lab):
-        self.namespace, self.lab = namespace, lab
-
-    def focus(self, side: str | None) -> None:
-        pass
-
-    def break_even(self, cases) -> list[float]:
-        fn = watched(student(self.namespace, "break_even_steps", "05"), "break_even_steps", "05")
-        return [float(fn(c, e, k)) for c, e, k in cases]
-
-    def precision(self) -> tuple[torch.dtype | None, bool]:
-        return precision(carried("03", self.lab).choose_precision, self.lab.machine)
-
-    def inference(self, side: str, dtype: torch.dtype | None) -> Inference:
-        fn = student(self.namespace, "compile_inference", "05") if side == "candidate" else None
-        return Inference(self.lab, dtype, fn)
 
 
 @register("05-compile-speedup", "05-break-even")
@@ -215,5 +137,39 @@ RUNG = Rung(lambda code, lab, made: made.configured(compiled=True), pipeline_cha
             in_worker=True, compiled=True)
 
 
+class RemoteInference:
+    """05's :class:`~.g05_worker.Inference`, held in a worker: each call is a request, and its
+    logits come back as a plain tensor."""
+
+    def __init__(self, held):
+        self.held = held
+
+    def cold(self) -> int:
+        return int(self.held.cold())
+
+    def eager_calls(self) -> int:
+        return int(self.held.eager_calls())
+
+    def __call__(self, call: int | None = None) -> torch.Tensor:
+        return self.held.infer(call=call)
+
+
+class Remote(RemoteSides):
+    """05's judge side: each model held in its side's worker (:class:`~.g05_worker.Side`)."""
+
+    def break_even(self, cases) -> list[float]:
+        """The student's ``break_even_steps`` on each case, in their worker."""
+        return self.sides.ask("candidate", "break_even", cases=[list(c) for c in cases])["value"]
+
+    def precision(self):
+        return asked_precision(self.sides)
+
+    def inference(self, side: str, dtype) -> RemoteInference:
+        """The model on one batch in ``dtype``, in ``side``'s worker: eager for the baseline, as the
+        student's ``compile_inference`` returned it for the candidate (its first call compiles)."""
+        name = None if dtype is None else str(dtype).removeprefix("torch.")
+        return RemoteInference(self.sides.held(side, "inference", asked=Inference.ASKED, slow_asked=("cold",), dtype=name))
+
+
 # How the judge sets up 05's checks: eager inference in a worker of its own.
-JUDGED = Judged(baseline=True, compared=("05-compile-speedup",))
+JUDGED = Judged(baseline=True, compared=("05-compile-speedup",), remote=Remote)

@@ -32,11 +32,10 @@ import torch
 
 from .. import compress, measure
 from . import CheckResult, StudentCodeError, exported, judge, register, speed, student
-from .judge_setup import Judged, MODEL_BYTES
-from .watch import watched
+from .g07_worker import Case, Here, Pruned, _data  # noqa: F401 (re-exported)
+from .judge_setup import Judged, MODEL_BYTES, RemoteSides
 
 _TRAINED: dict[tuple, tuple] = {}  # (profile, seed, device) -> (data, fp32 model, its accuracy)
-_DATA: list = []  # the lab's images at 07's size, decoded once per process
 MAX_LOGIT_ERROR = 0.10  # int8 logits vs fp32's, relative L2 on one serving batch (trained: about 0.01)
 TIE = 1e-12  # magnitudes this close count as tied at the pruning threshold
 
@@ -51,13 +50,6 @@ def trained(lab) -> tuple[compress.Data, torch.nn.Module, float]:
             _TRAINED[key] = data, model, compress.accuracy(model, data.val_images, data.val_labels)
     data, model, acc = _TRAINED[key]
     return data, copy.deepcopy(model), acc
-
-
-def _data() -> compress.Data:
-    if not _DATA:
-        with compress.quiet():
-            _DATA.append(compress.load_data(progress=False))
-    return _DATA[0]
 
 
 def _gap_check(check: str, lab, fp32_acc: float, acc: float, *, correct: bool, why: str, what: str) -> CheckResult:
@@ -94,84 +86,6 @@ def _pruning_errors(model: torch.nn.Module, before: list[torch.Tensor], amount: 
                          f"{smallest_kept:.3g} was kept: prune the smallest weights of the whole "
                          "network (global_unstructured with L1Unstructured), not layer by layer")
     return found.fraction, wrong
-
-
-@dataclasses.dataclass
-class Pruned:
-    """What the student's pruning made of the fp32 weights it was given."""
-
-    state: dict[str, torch.Tensor]  # the final model's tensors named as fp32's (a layer's weight_orig as its weight)
-    names: list[str]  # every name in the final model's state dict
-    masked: float  # the share of the weights zero right after prune_globally
-    masks_through_tune: bool  # whether the masks were still there after the fine-tune
-    hooks: int  # prunable layers that still run forward pre-hooks
-
-
-class Here:
-    """The student's 07 functions, called in this process (the notebook's self-check); the grader's
-    judge passes its own ``sides``, which calls them in the student's worker and gets back weights
-    and an exported model's description (:mod:`.exported`), as plain data."""
-
-    def __init__(self, namespace: dict, lab):
-        self.namespace, self.lab = namespace, lab
-
-    def pruned(self, weights: dict[str, torch.Tensor]) -> Pruned:
-        """``prune_globally(model, AMOUNT)``, the lab's fine-tune and ``make_permanent`` on a model
-        holding ``weights``."""
-        prune_globally = watched(student(self.namespace, "prune_globally", "07"), "prune_globally", "07")
-        make_permanent = watched(student(self.namespace, "make_permanent", "07"), "make_permanent", "07")
-        model, data = compress.model_from(weights), _data()
-        with compress.quiet():
-            pruned = prune_globally(model, compress.AMOUNT)
-            if not isinstance(pruned, torch.nn.Module):
-                raise StudentCodeError(f"prune_globally must return the model, not {type(pruned).__name__}")
-            total = compress.sparsity(pruned).total
-            masked = sum(int((m.weight == 0).sum()) for _, m in compress.prunable(pruned)) / max(total, 1)
-            tuned = compress.fine_tune(pruned, self.lab, data, progress=False)
-            kept = bool(compress.sparsity(tuned).masks_left)
-            final = make_permanent(tuned)
-            if not isinstance(final, torch.nn.Module):
-                raise StudentCodeError(f"make_permanent must return the model, not {type(final).__name__}")
-        state = final.state_dict()
-        named = {name.removesuffix("_orig"): value for name, value in state.items()
-                 if name.removesuffix("_orig") in weights and isinstance(value, torch.Tensor)}
-        hooks = sum(1 for _, m in compress.prunable(final) if m._forward_pre_hooks)
-        return Pruned({k: v.detach().to("cpu") for k, v in named.items()}, list(state), masked, kept, hooks)
-
-    def quantized(self, weights: dict[str, torch.Tensor]) -> exported.Described:
-        """``quantize_int8`` on a deployable model holding ``weights``, calibrated on the lab's
-        batches, exported on a serving batch and described as data (:func:`.exported.describe`)."""
-        quantize = student(self.namespace, "quantize_int8", "07")
-        data = _data()
-        with compress.quiet():
-            q = quantize(compress.deployable(compress.model_from(weights)), data.calibration(seed=self.lab.seed))
-            if not isinstance(q, torch.nn.Module):
-                raise StudentCodeError(f"quantize_int8 must return a model, not {type(q).__name__}")
-            try:
-                return exported.describe(q, data.serving_batch())
-            except exported.NotAModel as err:
-                raise StudentCodeError(str(err)) from None
-
-    def distill_losses(self, cases: list[Case]) -> list[tuple[float, torch.Tensor]]:
-        """``distillation_loss`` on each crafted case: its value, and its gradient with respect to the
-        student's logits."""
-        fn = watched(student(self.namespace, "distillation_loss", "07"), "distillation_loss", "07")
-        out = []
-        for case in cases:
-            logits = case.student.clone().requires_grad_(True)
-            value = fn(logits, case.teacher.clone(), case.labels.clone(), case.alpha, case.temperature)
-            if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
-                raise StudentCodeError("distillation_loss must return a one-element tensor computed from the "
-                                       f"student's logits (it returned {type(value).__name__})")
-            value.backward()
-            grad = logits.grad if logits.grad is not None else torch.zeros_like(logits)
-            out.append((float(value.detach()), grad.detach().float()))
-        return out
-
-    def distilled(self, lab, data: compress.Data, teacher: torch.nn.Module, seed: int) -> torch.nn.Module:
-        """The small network distilled from ``teacher`` with the student's ``distillation_loss``."""
-        fn = student(self.namespace, "distillation_loss", "07")
-        return compress.train_small(lab, data, seed=seed, teacher=teacher, loss=fn)
 
 
 def _judged_pruning(fp32: torch.nn.Module, got: Pruned) -> tuple[torch.nn.Module, list[str]]:
@@ -301,17 +215,6 @@ def int8(namespace, lab, sides=None):
     return [small, fast, accurate]
 
 
-@dataclasses.dataclass
-class Case:
-    """One crafted input of ``distillation_loss``."""
-
-    student: torch.Tensor  # (batch, classes) logits
-    teacher: torch.Tensor
-    labels: torch.Tensor
-    alpha: float
-    temperature: float
-
-
 def distillation_reference(student_logits, teacher_logits, labels, alpha: float, temperature: float, *,
                            soft_scale: float | None = None, reverse: bool = False, task_only: bool = False):
     """What the check compares with: ``alpha * CE + (1 - alpha) * T^2 * KL(teacher || student)`` at
@@ -423,6 +326,56 @@ def distillation(namespace, lab, sides=None):
     return [loss, accurate]
 
 
+class Remote(RemoteSides):
+    """07's judge side: the student's functions called in their worker (:class:`~.g07_worker.Side`)
+    on the fp32 weights the judge trained; what comes back is checked and rebuilt here."""
+
+    def _weights(self, method: str, weights: dict) -> dict:
+        names = list(weights)
+        return self.sides.ask("candidate", method, send=[weights[n] for n in names], names=names, slow=True)
+
+    def pruned(self, weights: dict) -> Pruned:
+        """The student's pruning on ``weights``; the weights it left come back as plain tensors."""
+        reply = self._weights("pruned", weights)
+        value, tensors = reply.get("value"), reply.get("tensors") or []
+        names = value.get("names") if isinstance(value, dict) else None
+        if not isinstance(names, list) or len(names) != len(tensors) or not isinstance(value.get("all"), list):
+            raise StudentCodeError("the pruned model's weights did not come back")
+        try:
+            return Pruned(dict(zip((str(n) for n in names), tensors)), [str(n) for n in value["all"]],
+                          float(value["masked"]), bool(value["masks_through_tune"]), int(value["hooks"]))
+        except (KeyError, TypeError, ValueError):
+            raise StudentCodeError("the pruned model's record did not come back") from None
+
+    def quantized(self, weights: dict) -> exported.Described:
+        """The student's ``quantize_int8`` on ``weights``, exported in their worker; its description
+        comes back as data, rebuilt by the check."""
+        try:
+            return exported.Described.decoded(self._weights("quantized", weights).get("tensors") or [])
+        except exported.NotAModel as err:
+            raise StudentCodeError(str(err)) from None
+
+    def distill_losses(self, cases: list[Case]) -> list[tuple[float, torch.Tensor]]:
+        """The student's ``distillation_loss`` on each crafted case: each value, and its gradient
+        with respect to the student's logits."""
+        sent = [torch.stack([c.student for c in cases]), torch.stack([c.teacher for c in cases]),
+                torch.stack([c.labels for c in cases])]
+        reply = self.sides.ask("candidate", "distill_losses", send=sent, alphas=[c.alpha for c in cases],
+                               temperatures=[c.temperature for c in cases])
+        value, grads = reply.get("value"), reply.get("tensors") or []
+        values = value.get("values") if isinstance(value, dict) else None
+        if not isinstance(values, list) or len(values) != len(cases) or len(grads) != 1 \
+                or grads[0].shape != sent[0].shape or not all(isinstance(v, (int, float)) for v in values):
+            raise StudentCodeError("distillation_loss's values and gradients did not come back")
+        return [(float(v), g) for v, g in zip(values, grads[0])]
+
+    def distilled(self, lab, data, teacher, seed: int):
+        """The small network distilled from ``teacher``, trained here with the loss the student's
+        ``distillation_loss`` was just shown to compute: no student code runs in a training the
+        judge then evaluates."""
+        return compress.train_small(lab, data, seed=seed, teacher=teacher, loss=distillation_reference)
+
+
 # How the judge sets up 07's checks: no baseline worker (the judge trains and compiles the fp32
 # model itself); a model's state crosses.
-JUDGED = Judged(buffer_floor=MODEL_BYTES + 2**20)
+JUDGED = Judged(buffer_floor=MODEL_BYTES + 2**20, remote=Remote)

@@ -37,8 +37,28 @@ class Judged:
     # Device classes (profile prefixes) where a verdict process decides instead (:func:`judges`).
     not_on: tuple[str, ...] = ()
     # The checks whose measurement compares the two workers' timings, one side frozen while the
-    # other is timed: not graded where the judge cannot freeze a side (:func:`.judging.unprotected`).
+    # other is timed: not graded where the judge cannot freeze a side (:func:`unprotected`).
     compared: tuple[str, ...] = ()
+    # The notebook's judge side (a :class:`RemoteSides`): what its checks ask of the workers, each
+    # reply checked; None: they ask nothing of a worker beyond the judge's own :class:`.judging.Sides`.
+    remote: type | None = None
+
+
+class RemoteSides:
+    """A notebook's judge side: the methods its checks call on ``sides`` (its ``Here``'s, in the
+    notebook's self-check), each a request to a worker's ``Side`` (:mod:`.worker`) through the
+    judge's :class:`.judging.Sides` (:meth:`~.judging.Sides.ask`), its reply checked as plain
+    data; the rest (``focus``, ``verify``, ``checking``, ...) is the judge's own."""
+
+    STANDS_IN: tuple[str, ...] = ()  # the student's functions the checks call directly: this side's method of that name
+
+    def __init__(self, sides):
+        self.sides = sides
+
+    def __getattr__(self, name: str):
+        if name == "sides":
+            raise AttributeError(name)
+        return getattr(self.sides, name)
 
 
 def setup_of(number: str) -> Judged:
@@ -71,3 +91,18 @@ def judges(number: str, profile: str) -> bool:
         return False
     off = setup_of(number).not_on
     return not (off and profile.startswith(off))
+
+
+def unprotected(number: str, found: dict, why: str) -> str:
+    """Where a side could not be frozen as a whole (``why``), fail every check of notebook
+    ``number`` that compares the two sides' timings and was graded (a pass, or below its bar)
+    with reason "not measured" (a SIGSTOP by pid list is no freeze: issue 60); the note it gets."""
+    from dataclasses import replace
+
+    note = (f"speed not graded: the judge could not freeze one side while it timed the other ({why}); "
+            "the grader grades speed as root on a machine with cgroup v2")
+    for check in setup_of(number).compared:
+        result = found.get(check)
+        if result is not None and result.reason in ("pass", "below bar"):
+            found[check] = replace(result, status="fail", reason="not measured", note=f"{note}. {result.note}")
+    return note

@@ -1,0 +1,128 @@
+"""05's worker side: what a worker builds for 05's checks and may be asked (:class:`Side`), and both
+sides as the notebook's self-check holds them in its own process (:class:`Here`). No check and no
+expected answer: those are the judge's (:mod:`.g05_compile`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .. import measure, train
+from . import carried, one_batch, student
+from .g03_worker import PRECISIONS, chosen_precision, precision
+from .watch import watched
+
+
+class Inference:
+    """One side of 05's comparison: labsupport's seeded ResNet-18 on one batch, in the student's 03
+    precision, either eager (the baseline: ``compile_fn`` None) or as the student's
+    ``compile_inference`` returned it. The self-check holds both in its own process; the grader's
+    judge holds each in a worker of its own (:mod:`.judging`) and times their calls from outside."""
+
+    ASKED = ("cold", "eager_calls", "infer")
+
+    def __init__(self, lab, dtype: torch.dtype | None, compile_fn: Callable | None = None):
+        self.device = lab.device
+        with torch.random.fork_rng(devices=[]):  # the same batch in every process: its augmentation seeded
+            torch.manual_seed(lab.seed)
+            images = one_batch(lab)[0]
+        self.model, self.images, self.autocast = train.inference_setup(lab.device, images, dtype, seed=lab.seed)
+        self.fn = self.model
+        if compile_fn is not None:
+            torch.compiler.reset()
+            self.fn = watched(compile_fn, "compile_inference", "05")(self.model)
+
+    def cold(self) -> int:
+        """The first call, which compiles (graph caches off, as :func:`measure.cold_compile_s`); the
+        number of graphs Dynamo captured in it."""
+        from torch._dynamo.utils import counters  # Dynamo's own count of the graphs it captured
+        from torch._inductor import config as inductor_config
+
+        graphs = counters["stats"]["unique_graphs"]
+        with inductor_config.patch(fx_graph_cache=False, autotune_local_cache=False):
+            self()
+        measure.sync(self.device)
+        return counters["stats"]["unique_graphs"] - graphs
+
+    def eager_calls(self) -> int:
+        """How often the model's own first layer ran eagerly during one call. A hook added to the
+        model now is not in a compiled graph (Dynamo does not guard on hooks), so it fires only
+        where the model itself still runs eagerly (a wrapper that compiled something else)."""
+        calls = []
+        hook = self.model.conv1.register_forward_hook(lambda *args: calls.append(1))
+        try:
+            self()
+        finally:
+            hook.remove()
+        return len(calls)
+
+    def __call__(self, call: int | None = None) -> torch.Tensor:
+        """One inference call: the logits of the batch, or, for timed call number ``call``, of the
+        batch plus noise seeded by that number: fresh input every call, the same on both sides, so
+        no call's answer can be one remembered from an earlier call."""
+        images = self.images
+        if call is not None:
+            noise = torch.Generator(device=self.device).manual_seed(call)
+            images = images + torch.randn(images.shape, generator=noise, device=self.device,
+                                          dtype=images.dtype).contiguous(memory_format=torch.channels_last)
+        with torch.no_grad(), self.autocast:
+            return self.fn(images)
+
+
+    def infer(self, call: int | None = None) -> torch.Tensor:
+        """One inference call (:meth:`__call__`), its logits as float32, for the judge."""
+        return self(None if call is None else int(call)).detach().float()
+
+
+class Here:
+    """Both sides in this process, as the self-check runs them. The grader's judge passes its own
+    (:class:`~labsupport.grading.judging.Sides`): each side in a worker, the other one stopped."""
+
+    def __init__(self, namespace: dict, lab):
+        self.namespace, self.lab = namespace, lab
+
+    def focus(self, side: str | None) -> None:
+        pass
+
+    def break_even(self, cases) -> list[float]:
+        fn = watched(student(self.namespace, "break_even_steps", "05"), "break_even_steps", "05")
+        return [float(fn(c, e, k)) for c, e, k in cases]
+
+    def precision(self) -> tuple[torch.dtype | None, bool]:
+        return precision(carried("03", self.lab).choose_precision, self.lab.machine)
+
+    def inference(self, side: str, dtype: torch.dtype | None) -> Inference:
+        fn = student(self.namespace, "compile_inference", "05") if side == "candidate" else None
+        return Inference(self.lab, dtype, fn)
+
+
+
+class Side:
+    """05 in a worker: the model eager (the baseline's) or as the student's ``compile_inference``
+    returned it, held for the judge to ask :data:`Inference.ASKED` of; the student's
+    ``break_even_steps`` on plain numbers; their 03 precision."""
+
+    ASKED = ("inference", "break_even", "precision")
+
+    def __init__(self, namespace: dict, lab, *, student: bool):
+        self.here, self.student = Here(namespace, lab), student
+
+    def inference(self, *, dtype: str | None = None) -> Inference:
+        if dtype is not None and dtype not in PRECISIONS:
+            raise ValueError(f"no inference precision {dtype!r}")
+        return self.here.inference("candidate" if self.student else "baseline",
+                                   getattr(torch, dtype) if dtype else None)
+
+    def _student(self, name: str) -> None:
+        if not self.student:
+            raise PermissionError(f"the baseline's worker holds no student code ({name})")
+
+    def break_even(self, *, cases: list) -> list[float]:
+        self._student("break_even_steps")
+        return self.here.break_even([[float(a) for a in case] for case in cases])
+
+    def precision(self) -> dict:
+        self._student("choose_precision")
+        return chosen_precision(self.here.lab)
