@@ -18,7 +18,7 @@ The student's functions are called under :func:`.watch.watched`: none may call t
   ``key_averages()``, as the profiler's own table sorts them, on a profile taken now.
 
 Each check is written once, against ``sides``: :class:`Here` calls the student's functions in this
-process (the notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which
+process (the notebook's self-check); the grader's judge passes its :class:`Remote`, which
 calls them in the student's worker and gets back what they returned, as plain values. What the
 checks measure themselves (this machine's phase breakdown, the CUDA reference timing) is measured
 where the check runs: in the judge, by the judge; the profile of ``labelled_step`` is taken where

@@ -16,8 +16,95 @@ import torch
 
 from .. import measure, pipeline, train
 from . import StudentCodeError, student
-from .labelled import profile_labelled
 from .watch import watched
+
+# What a labelled phase must hold (operators or labels starting inside it, by name, lower-cased):
+# the work it names (the profile keeps these events; :mod:`.labelled` reads them). The forward and
+# the backward hold the network's convolutions on the batch handed over (each convolution's input
+# and weight shapes, as many as the network runs), and no convolution of theirs runs elsewhere in
+# the step: a label around one token convolution, or around a small other network, or a forward
+# whose result is thrown away while the step runs outside the labels, does not hold the step's.
+# "data wait" and "host to device" may hold nothing (on a CPU the copy is nothing).
+PHASE_WORK = {"forward": ("aten::conv2d",), "backward": ("aten::convolution_backward",),
+              "optimizer": ("optimizer.step#", "_foreach_", "aten::add_", "aten::mul_", "aten::addcmul_",
+                            "aten::lerp_")}
+
+# The profile the check takes, as 01's profiler cell does with torch.profiler.schedule(wait=1,
+# warmup=1, active=2): two calls not recorded, then two recorded, each its own ProfilerStep.
+PROFILE_SKIPPED, PROFILE_RECORDED = 2, 2
+# The operators whose input shapes tie a profile to the model and batch it was given (record_shapes):
+# a convolution's input and weight; for its backward, aten's (grad_output, input, weight, ...).
+SHAPED = {"aten::conv2d": (0, 1), "aten::convolution_backward": (1, 2)}
+
+
+def _named(event) -> str:
+    """An event's name as the checks read it: a convolution's with its input and weight shapes
+    (``aten::conv2d [32, 3, 112, 112] [64, 3, 7, 7]``), cut to 120 characters."""
+    name = str(event.name)
+    if name in SHAPED:
+        shapes = list(getattr(event, "input_shapes", None) or [])
+        name += "".join(f" {list(shapes[i]) if i < len(shapes) else []}" for i in SHAPED[name])
+    return name[:120]
+
+
+def profile_labelled(fn: Callable, lab) -> dict:
+    """``fn(batches, step)`` (the student's ``labelled_step``) called PROFILE_SKIPPED times, then
+    PROFILE_RECORDED times under the profiler (:func:`measure.profiler`, with input shapes), each
+    call a ``ProfilerStep#N`` as torch.profiler's schedule labels it, given the naive loader's
+    batches and a fresh fp32 step of the lab's: ``{"events": [(name, is a record_function label,
+    start µs, end µs)] of the recorded steps (:func:`_named`), "drawn": batches each call took,
+    "ran": how many of the step's own Conv2d layers ran forward in each call, "unchanged": how many
+    of its parameters each call left as they were, "parameters": how many it has}``."""
+    step = train.make_step(train.StepConfig(), lab.device, seed=lab.seed)
+    source = pipeline.forever(pipeline.naive_loader(lab.profile, seed=lab.seed))
+    taken, ran = [0], set()
+
+    def batches():
+        for batch in source:
+            taken[0] += 1
+            yield batch
+
+    # The step's own layers, by identity: a deep copy of the model carries these hooks along, and
+    # its layers, which are not these, count nothing.
+    # (A function is copied by reference, its closure with it; a functools.partial would be deep-copied.)
+    hooks = [_ran_hook(layer, ran) for layer in step.model.modules() if isinstance(layer, torch.nn.Conv2d)]
+    fn = watched(fn, "labelled_step", "01", given=hooks[:1])  # the hooks are the check's, beneath the student's forward
+    feed, parameters = batches(), list(step.model.parameters())
+    drawn, layers_ran, unchanged = [], [], []
+
+    def call():
+        was, before = taken[0], [p.detach().clone() for p in parameters]
+        ran.clear()
+        fn(feed, step)
+        measure.sync(lab.device)
+        drawn.append(taken[0] - was)
+        layers_ran.append(len(ran))
+        unchanged.append(sum(torch.equal(a, p.detach()) for a, p in zip(before, parameters)))
+
+    for _ in range(PROFILE_SKIPPED):
+        call()
+    with measure.profiler(lab.device, shapes=True) as prof:
+        for i in range(PROFILE_RECORDED):
+            with torch.profiler.record_function(f"ProfilerStep#{PROFILE_SKIPPED + i}"):
+                call()
+    # What the checks read, and no more: the host's operators and labels (not the GPU's kernels,
+    # whose long names would crowd the judge's wire), labels and the operators that name work.
+    keys = ("conv",) + tuple(k for work in PHASE_WORK.values() for k in work)
+    events = [(_named(e), bool(e.is_user_annotation), float(e.time_range.start), float(e.time_range.end))
+              for e in prof.function_events if e.device_type == torch.autograd.DeviceType.CPU
+              and (e.is_user_annotation or any(k in str(e.name).lower() for k in keys))]
+    return {"events": events, "drawn": drawn, "ran": layers_ran, "unchanged": unchanged,
+            "parameters": len(parameters)}
+
+
+def _ran_hook(layer: torch.nn.Module, ran: set):
+    """A forward hook on ``layer`` that adds its id to ``ran`` when ``layer`` itself runs forward."""
+    def hook(module, args, out):
+        if module is layer:
+            ran.add(id(layer))
+    layer.register_forward_hook(hook)
+    return hook
+
 
 # What one profile of 01's labelled_step may send back (names cut to 120 characters, convolutions'
 # with their shapes; the reference's: 45 at the tiny profile, 18 of them without shapes).

@@ -40,7 +40,7 @@ def _sync_next(it, device):
 
 class Here:
     """Both loaders in this process, as the self-check runs them. The grader's judge passes its
-    :class:`~labsupport.grading.judging.Sides` instead: each loader in a worker of its own, and the
+    :class:`Remote` instead: each loader in a worker of its own, and the
     side not being timed stopped (``focus``)."""
 
     naive_loader = staticmethod(pipeline.naive_loader)

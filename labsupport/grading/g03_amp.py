@@ -10,7 +10,7 @@
 - ``03-fp16-scaler``: in float16 an overflowing update is skipped by the GradScaler.
 
 Each check is written once, against ``sides``: :class:`Here` holds both steps in this process
-(the notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which holds
+(the notebook's self-check); the grader's judge passes its :class:`Remote`, which holds
 the student's step in a worker of its own and fp32's in another, and gets back only numbers and
 tensors (:class:`HeldStep`'s answers), so that it decides without running the student's code.
 """

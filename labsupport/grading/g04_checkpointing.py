@@ -11,7 +11,7 @@
   optimizer update, and (at the real scale) lower the step's peak memory.
 
 Each check is written once, against ``sides``: :class:`Here` holds the steps in this process (the
-notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which holds the
+notebook's self-check); the grader's judge passes its :class:`Remote`, which holds the
 student's checkpointed step and accumulation in a worker of their own and the plain step in
 another, and gets back numbers and tensors (what :class:`HeldCheckpoint` and
 :class:`HeldAccumulation` answer). The accumulation's large-batch gradients and its float32

@@ -78,7 +78,7 @@ class Inference:
 
 class Here:
     """Both sides in this process, as the self-check runs them. The grader's judge passes its own
-    (:class:`~labsupport.grading.judging.Sides`): each side in a worker, the other one stopped."""
+    (:class:`~.g05_compile.Remote`): each side in a worker, the other one stopped."""
 
     def __init__(self, namespace: dict, lab):
         self.namespace, self.lab = namespace, lab

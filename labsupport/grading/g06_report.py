@@ -8,7 +8,7 @@
 - ``06-html``: the report was exported now, with the machine, the ladder table and the plots.
 
 Each check is written once, against ``sides``: :class:`Here` runs the student's code in this
-process (the notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which
+process (the notebook's self-check); the grader's judge passes its :class:`Remote`, which
 holds the student's ``assemble_ladder`` and composed pipeline in a worker of their own and the
 naive pipeline in another, and decides on what they send back.
 """

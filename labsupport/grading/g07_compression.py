@@ -17,7 +17,7 @@ Accuracy needs a trained model, so on a profile that grades no speed (tests) the
 speed checks say n/a once the student's code ran and passed its partners.
 
 Each check is written once, against ``sides``: :class:`Here` calls the student's functions in this
-process (the notebook's self-check); the grader's judge passes its :class:`~.judging.Sides`, which
+process (the notebook's self-check); the grader's judge passes its :class:`Remote`, which
 calls them in the student's worker. Either way the fp32 model is trained where the check runs
 and handed over as weights; what comes back is weights (pruning) and an exported model as data
 (quantisation, :mod:`.exported`), and every figure is counted and measured where the check runs.

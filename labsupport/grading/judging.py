@@ -28,15 +28,15 @@ reply; this module names no notebook:
   costs its own checks.
 
 The spec (JSON): ``notebook``, ``profile``, ``thresholds``, ``calibration``, ``data``, ``inputs``
-(root's read-only folder with the carried code; where ``JUDGED.reads_ladder`` says so also the
-rungs the verdict processes recorded and the report the kernel exported), ``since`` (when the kernel started: the report must
-be newer), ``judged`` (root's folder for what this judge
-keeps: the checks table, the rung and the carried code, for later notebooks), ``out`` (the
-verdict file), ``sandbox`` (the command prefix a worker runs under, empty for none) and ``env``
-(the workers' environment); optionally ``reply_timeout_s`` (:data:`REPLY_TIMEOUT_S`) and ``groups``
-(``{"student": path, "baseline": path}``: cgroup v2 groups the grader made, which ``sandboxes``,
-one command prefix per worker, already join; without them a judge with no sandbox prefix makes
-its own, and one with a prefix has none).
+(root's read-only folder with the carried code; where ``JUDGED.reads_ladder`` says so also the rungs
+the verdict processes recorded and the report the kernel exported), ``since`` (when the kernel
+started: the report must be newer), ``judged`` (root's folder for what this judge keeps: the checks
+table, the rung and the carried code, for later notebooks), ``out`` (the verdict file), ``sandbox``
+(the command prefix a worker runs under, empty for none) and ``env`` (the workers' environment);
+optionally ``reply_timeout_s`` (:data:`REPLY_TIMEOUT_S`) and ``groups`` (``{"student": path,
+"baseline": path}``: cgroup v2 groups the grader made, which ``sandboxes``, one command prefix per
+worker, already join; without them a judge with no sandbox prefix makes its own, and one with a
+prefix has none).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from pathlib import Path
 from .. import notebooks
 
 from .judge_setup import setup_of, unprotected
-from .workers import REPLY_TIMEOUT_S, RemoteHeld, Worker, WorkerError  # noqa: F401 (Worker, WorkerError: the checks' and tests' names)
+from .workers import REPLY_TIMEOUT_S, RemoteHeld, Worker, WorkerError  # noqa: F401 (names tests use)
 
 
 def functions_of(number: str) -> tuple[str, ...]:
