@@ -196,6 +196,9 @@ class RemoteHeld:
             return tensors[0] if reply.get("one") else tensors
         return ask
 
+    def __bool__(self) -> bool:  # held, whatever its length
+        return True
+
     def __len__(self):
         if self.length is None:
             raise TypeError("this object has no len()")
