@@ -90,6 +90,12 @@ def test_the_tiny_profile_makes_a_speed_check_na_in_the_bar(monkeypatch, tmp_pat
     assert grading.judge("02-loader-speedup", 9.0, lab, correct=False).reason == "incorrect"
     assert grading.judge("02-data-wait-share", 0.5, lab, note="a note").note == f"{found.why_na}; a note"
     assert decided(monkeypatch, tmp_path, AMX, "02-loader-speedup", 9.0, "n/a", "tiny").result == "n/a"
+    # 02's second bar (thresholds.toml's fall), decided by judge where speed is graded
+    real = lab_of(AMX, bars)
+    assert grading.judge("02-data-wait-share", 0.05, real, fell=(4.0, 25.0)).status == "pass"
+    fell = grading.judge("02-data-wait-share", 0.05, real, note="n", fell=(20.0, 25.0))
+    assert (fell.status, fell.reason) == ("fail", "below bar") and fell.note.endswith("0.5x that or less; n")
+    assert grading.judge("02-data-wait-share", 0.05, real, correct=False, fell=(20.0, 25.0)).reason == "incorrect"
     # 06's stage bar is the registry's rung count, on every class
     from labsupport import notebooks
     assert {grading.bar("06-stages", {"device_class": c}, None, bars).threshold

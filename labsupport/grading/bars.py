@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import hardware, notebooks
@@ -26,7 +26,7 @@ from .registry import BASELINE_FIGURES, CheckResult
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # labsupport/
 _CHECKOUT = _PACKAGE.parent  # the instructor's checkout (its autograder/ holds the calibration)
-_NOT_CLASSES = ("what", "better", "calibrate", "na", "scale", "every-class")
+_NOT_CLASSES = ("what", "better", "calibrate", "na", "scale", "every-class", "fall", "fall-why")
 
 
 class GradingSetupError(RuntimeError):
@@ -66,6 +66,8 @@ class CheckSpec:
     defaults: dict  # {device class: bar, or "n/a"}
     na: dict  # {device class: why the check does not apply there}
     scale: str = ""  # a key of [scale]: the real scale it needs (n/a at a profile that grades no speed)
+    fall: float | None = None  # a second bar: the figure must also fall to this fraction of the baseline's
+    fall_why: str = ""  # what a miss of it says ({now}, {baseline}, {fall})
 
     def applies(self, device_class: str) -> bool:
         """Whether the class has a bar: one that is n/a stays n/a whatever the reference measures."""
@@ -79,7 +81,8 @@ def _spec(check: str, spec: dict) -> CheckSpec:
         every = len(notebooks.rungs()) if every == "rungs" else every
         defaults = {cls: every for cls in hardware.DEVICE_CLASSES} | defaults
     return CheckSpec(check, str(spec.get("what", "")), spec["better"], bool(spec.get("calibrate")),
-                     defaults, dict(spec.get("na", {})), str(spec.get("scale", "")))
+                     defaults, dict(spec.get("na", {})), str(spec.get("scale", "")),
+                     None if spec.get("fall") is None else float(spec["fall"]), str(spec.get("fall-why", "")))
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,7 @@ def passes(measured: float, threshold: float, better: str) -> bool:
 
 def judge(check: str, measured: float | None, lab: hardware.Lab, *, correct: bool = True,
           why_incorrect: str = "", optimised: bool = True, why_not_optimised: str = "",
-          note: str = "", details: dict | None = None) -> CheckResult:
+          note: str = "", details: dict | None = None, fell: tuple[float, float] | None = None) -> CheckResult:
     """Compare a fresh measurement with the bar on ``lab`` (:func:`lab_bar`), after its two partners.
 
     - ``correct``: the correctness partner. A result that is not correct fails whatever it
@@ -237,8 +240,23 @@ def judge(check: str, measured: float | None, lab: hardware.Lab, *, correct: boo
       now). Where speed cannot be graded (n/a) the points then still need the work done, and a
       bar that unoptimised code happens to clear on this machine earns nothing.
 
+    - ``fell``: ``(now, baseline)``, for a check with a second bar (thresholds.toml's ``fall``): the
+      figure measured now must also be at most ``fall`` times the baseline's, measured in the same
+      check, or the check fails "below bar" (even where the first bar is n/a).
+
     Where the profile makes the check n/a, ``note`` follows the reason.
     """
+    found = _judged(check, measured, lab, correct, why_incorrect, optimised, why_not_optimised, note, details)
+    spec = bars_of(lab).spec(check)
+    if (fell is not None and spec.fall is not None and found.reason in ("pass", "n/a", "below bar")
+            and fell[0] > spec.fall * fell[1]):
+        missed = spec.fall_why.format(now=fell[0], baseline=fell[1], fall=spec.fall)
+        return replace(found, status="fail", reason="below bar", note=f"{missed}; {note}")
+    return found
+
+
+def _judged(check, measured, lab, correct, why_incorrect, optimised, why_not_optimised, note, details):
+    """:func:`judge` on the bar alone."""
     found = lab_bar(check, lab)
     threshold, better = found.threshold, found.better
     cls = lab.machine.device_class
