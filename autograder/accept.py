@@ -63,6 +63,7 @@ def checks_of(number: str, runs: int = 1, where: course.Course | Path = COURSE_R
     measure.steady_heap()  # as a notebook's self-check measures, after ls.setup()
     the = course.of(where)
     machine = describe_machine().as_dict()
+    defaults = grading.Bars.read(grading.thresholds_path())  # the class defaults: no calibration
     found: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="lab-accept-") as scratch, \
             course.environment({"LAB_RESULTS": scratch, "LAB_CALIBRATION": str(Path(scratch) / "none.toml")}):
@@ -84,7 +85,7 @@ def checks_of(number: str, runs: int = 1, where: course.Course | Path = COURSE_R
                     row["notes"].append(result.note)
                     row["seconds"].append(round(took, 1))
                     row["details"].append(json.loads(json.dumps(result.details, default=str)))
-                    row.update(better=result.better, class_default=grading.threshold_for(check, machine)[0],
+                    row.update(better=result.better, class_default=grading.bar(check, machine, None, defaults).threshold,
                                device_class=machine["device_class"])
                 if json_out is not None:  # whole or not at all: the process may be stopped at any moment
                     partial = json_out.with_name(json_out.name + ".partial")
@@ -132,6 +133,8 @@ def run_checks(numbers: tuple[str, ...], runs: int, out: Path, limit_s: float,
 def checks_table(rows: list[dict]) -> pd.DataFrame:
     """One row per check: the median measurement, its class default and whether it clears it, and
     for a calibrated check the bar calibrate derives here and whether it clears that."""
+    from labsupport import grading
+
     specs = calibrate.calibrated_checks()
     table = []
     for row in rows:
@@ -145,7 +148,7 @@ def checks_table(rows: list[dict]) -> pd.DataFrame:
             ok_runs = [v for v, s in zip(row["measured"], row["statuses"]) if v is not None and s != "error"]
             calibrated, _ = calibrate.derive(row["check"], specs[row["check"]], row.get("device_class", ""), ok_runs)
         clears = "" if median is None or calibrated in ("", "n/a") else \
-            ("yes" if (median >= calibrated if row.get("better") == "higher" else median <= calibrated) else "no")
+            ("yes" if grading.passes(median, calibrated, row.get("better")) else "no")
         # The reasons of grading.REASONS; 06's end-to-end partner excused where only its ladder is
         # missing (the checks part runs no notebook), as calibrate excuses it.
         reasons = set(row.get("reasons", []))

@@ -24,13 +24,18 @@ def table(values: dict[str, list[float]], machine) -> pd.DataFrame:
     """One row per check: median, spread (min-max, IQR), the class default bar and the margin.
 
     The margin is how far the median clears the bar, as a ratio (above 1: clears it; for a
-    "lower is better" check, bar / median). A check that is n/a on the class has no bar.
+    "lower is better" check, bar / median). A check that is n/a on the class has no bar. The bar
+    is :func:`labsupport.grading.bar`'s at the class's own profile, without a calibration.
     """
+    from labsupport import grading
+
     specs = calibrate.calibrated_checks()
+    defaults = grading.Bars(specs)
     rows = []
     for check, vals in values.items():
         spec = specs[check]
-        bar = spec.defaults.get(machine.device_class)
+        found = grading.bar(check, machine.as_dict(), None, defaults)
+        bar = found.threshold if found.applies else "n/a"
         median = statistics.median(vals) if vals else None
         quartiles = statistics.quantiles(vals, n=4) if len(vals) >= 2 else [median, median, median]
         margin = None

@@ -118,14 +118,23 @@ def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only
     return values, problems
 
 
+def class_bar(check: str, spec, device_class: str):
+    """``check``'s bar (:func:`labsupport.grading.bar`) on ``device_class`` at its own profile,
+    without a calibration: the class default, or n/a and why."""
+    from labsupport import grading
+
+    return grading.bar(check, {"device_class": device_class}, None, grading.Bars({check: spec}))
+
+
 def derive(check: str, spec, device_class: str, values: list[float]) -> tuple[object, str]:
     """This machine's threshold for ``check`` (its ``grading.CheckSpec``) from the reference's runs:
     ``(value or "n/a", why)``. A check n/a on the class stays n/a whatever the reference measures."""
-    if not spec.applies(device_class):
-        return "n/a", spec.na.get(device_class, f"not applicable on {device_class}")
+    found = class_bar(check, spec, device_class)
+    if not found.applies:
+        return "n/a", found.why_na
     if not values:
-        return float(spec.defaults[device_class]), "no usable reference measurement: class default kept"
-    default = float(spec.defaults[device_class])
+        return found.threshold, "no usable reference measurement: class default kept"
+    default = found.threshold
     if spec.better == "higher":
         worst = min(values)
         bar = round(MARGIN * worst, 2)
@@ -161,7 +170,7 @@ def calibrate(runs: int = 3, where: course.Course | Path = course.COURSE_ROOT, p
     specs = calibrated_checks()
     shown = tuple(c for c in specs if only is None or c in only)
     # On class cpu, 03's, 05's (a cold compile) and 06's checks are n/a: not measured.
-    measured = tuple(c for c in shown if specs[c].applies(machine.device_class))
+    measured = tuple(c for c in shown if class_bar(c, specs[c], machine.device_class).applies)
     # Measure with the class defaults, whatever an older calibration file says.
     old = os.environ.get("LAB_CALIBRATION")
     os.environ["LAB_CALIBRATION"] = str(path.with_suffix(".ignored-during-calibration"))
@@ -181,7 +190,7 @@ def calibrate(runs: int = 3, where: course.Course | Path = course.COURSE_ROOT, p
         if value == "n/a":
             reasons[check] = why
         rows.append({"check": check, "better": specs[check].better,
-                     "class default": specs[check].defaults.get(machine.device_class),
+                     "class default": class_bar(check, specs[check], machine.device_class).threshold or "n/a",
                      "reference median": statistics.median(vals) if vals else None,
                      "reference worst": (min(vals) if specs[check].better == "higher" else max(vals))
                      if vals else None,

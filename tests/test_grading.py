@@ -13,13 +13,15 @@ AMX = {"device_class": "cpu-bf16", "device_name": "Intel(R) Xeon(R) Processor"}
 PLAIN_CPU = {"device_class": "cpu", "device_name": "Some laptop"}
 
 
-def lab_on(facts: dict, profile: str | None = None) -> hardware.Lab:
-    """A Lab on this CPU described as ``facts`` say, at ``profile`` (default: its class's)."""
+def lab_on(facts: dict, profile: str | None = None, bars: grading.Bars | None = None) -> grading.GradedLab:
+    """A Lab on this CPU described as ``facts`` say, at ``profile`` (default: its class's), with
+    ``bars`` (default: the files the environment names, read now, as ``grading_lab()`` reads them)."""
     import dataclasses
 
     machine = dataclasses.replace(hardware.describe_machine(torch.device("cpu")), profile=facts["device_class"],
                                   **facts)
-    return hardware.Lab(torch.device("cpu"), machine, hardware.profile_for(profile or machine.profile, ""), seed=0)
+    return grading.GradedLab(torch.device("cpu"), machine, hardware.profile_for(profile or machine.profile, ""),
+                             seed=0, bars=bars or grading.Bars.from_environment())
 
 
 def test_class_defaults_and_not_applicable():
@@ -51,19 +53,20 @@ def test_calibration_applies_only_to_its_machine(monkeypatch, tmp_path):
 def test_a_calibration_applies_only_at_the_profile_it_was_measured_at(monkeypatch, tmp_path):
     """A bar eased at the tiny test profile says nothing of the class's own scale: grading there,
     or at an edited profile, uses the class defaults. The profile is the one the check ran at (the
-    Lab it was given), never read from the environment by the bar."""
+    Lab it was given), never read from the environment by the bar. (A memory ratio: the speed checks
+    are n/a at the tiny profile, calibrated or not.)"""
     cal = tmp_path / "calibration.toml"
     cal.write_text('[machine]\ndevice_class = "cpu-bf16"\ndevice_name = "Intel(R) Xeon(R) Processor"\n'
-                   '[calibration]\nprofile = "tiny"\n[thresholds]\n"03-amp-speedup" = 1.15\n')
+                   '[calibration]\nprofile = "tiny"\n[thresholds]\n"03-activation-ratio" = 0.7\n')
     monkeypatch.setenv("LAB_CALIBRATION", str(cal))
     machine = {**AMX, "profile": "cpu-bf16"}
-    assert grading.threshold_for("03-amp-speedup", machine, "tiny")[0] == 1.15
-    assert grading.threshold_for("03-amp-speedup", machine)[0] == 1.3  # the machine's own profile
-    assert grading.threshold_for("03-amp-speedup", machine, "tiny:rounds=5")[0] == 1.3
+    assert grading.threshold_for("03-activation-ratio", machine, "tiny")[0] == 0.7
+    assert grading.threshold_for("03-activation-ratio", machine)[0] == 0.6  # the machine's own profile
+    assert grading.threshold_for("03-activation-ratio", machine, "tiny:rounds=5")[0] == 0.6
     monkeypatch.setenv("LAB_PROFILE", "tiny")
-    assert grading.threshold_for("03-amp-speedup", machine, "cpu-bf16")[0] == 1.3
-    assert grading.judge("03-amp-speedup", 1.2, lab_on(AMX, "tiny")).threshold == 1.15
-    assert grading.judge("03-amp-speedup", 1.2, lab_on(AMX, "cpu-bf16")).threshold == 1.3
+    assert grading.threshold_for("03-activation-ratio", machine, "cpu-bf16")[0] == 0.6
+    assert grading.judge("03-activation-ratio", 0.65, lab_on(AMX, "tiny")).threshold == 0.7
+    assert grading.judge("03-activation-ratio", 0.65, lab_on(AMX, "cpu-bf16")).threshold == 0.6
 
 
 def test_a_calibration_measured_on_more_cores_does_not_apply_to_a_share_of_them(monkeypatch, tmp_path):

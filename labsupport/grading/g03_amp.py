@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from .. import measure, pipeline, train
-from . import (CheckResult, StudentCodeError, bar, judge, partners, register, speed, student,
+from . import (StudentCodeError, judge, lab_bar, partners, register, speed, student,
                with_baseline)
 from .g03_worker import HeldStep, Here, amp_step, precision  # noqa: F401 (re-exported)
 from .judge_setup import Judged, MODEL_BYTES, RemoteSides
@@ -111,7 +111,7 @@ def amp_speed_and_memory(namespace, lab, sides=None):
     # The speed is mixed precision's only where the step computes in 16 bits. Where the lab trains
     # in 16 bits (the saving has a bar here), the step's saved activations must show it: on an
     # AVX-512 BF16 CPU, channels_last alone made a float32 step 1.3x faster than fp32's, at the bar.
-    sixteen_bits = bar("03-activation-ratio", lab.machine.as_dict(), lab.profile.name).threshold is not None
+    sixteen_bits = lab_bar("03-activation-ratio", lab).applies
     mixed = not sixteen_bits or amp_bytes <= MIXED_SEEN * ref_bytes
     fast = speed(lab, "03-amp-speedup", cmp.speedup.median, correct=timed_ok, why_incorrect=timed_why,
                  optimised=mixed, why_not_optimised=f"no 16-bit activations ({saved}): this speed is not mixed "
@@ -132,14 +132,10 @@ def amp_accuracy(namespace, lab, sides=None):
     student(namespace, "amp_train_step", "03")
     sides = sides or Here(namespace, lab)
     size = min(train.PARITY_IMAGE_SIZE, lab.profile.image_size)
-    if not lab.profile.grades_speed:  # the test profile: too brief to compare accuracy, so no training
+    if not lab_bar("03-accuracy-gap", lab).applies:  # the test profile: too brief to compare, so no training
         held = sides.held_step("candidate", image_size=size)
         ok, why = trains(held, steps=2)  # runs; the step must train
-        return [CheckResult("03-accuracy-gap", None, None, "lower", lab.machine.device_class,
-                            "n/a" if ok else "fail",
-                            f"profile {lab.profile.name} trains too briefly to compare accuracy; your step "
-                            "trains every layer" if ok else f"correctness check failed: {why}", {},
-                            "n/a" if ok else "incorrect")]
+        return [judge("03-accuracy-gap", None, lab, correct=ok, why_incorrect=why, note="your step trains every layer")]
     dtype, channels_last = sides.precision()
     steps = train.PARITY_STEPS
     # Each side trains where it runs; the weights come back here and are evaluated by the lab's own

@@ -14,7 +14,7 @@ import math
 import torch
 
 from .. import hardware, measure
-from . import CheckResult, StudentCodeError, judge, register, speed, student
+from . import StudentCodeError, judge, register, speed, student
 from .g03_amp import asked_precision
 from .g05_worker import Here, Inference  # noqa: F401 (re-exported)
 from .judge_setup import Judged, RemoteSides
@@ -31,7 +31,7 @@ def compile_inference(namespace, lab, sides=None):
     cannot = hardware.compile_problem(lab.machine)
     if cannot:  # an older GPU: nothing to compile with; the formula is checked on crafted cases
         wrong = _break_even_failures(sides.break_even, [(20.0, 100.0, 60.0), (30.0, 50.0, 55.0)])
-        return [CheckResult("05-compile-speedup", None, None, "higher", lab.machine.device_class, "n/a", cannot),
+        return [judge("05-compile-speedup", None, lab, note=cannot),  # n/a on the class (thresholds.toml)
                 judge("05-break-even", float(not wrong), lab, correct=not wrong,
                       why_incorrect="; ".join(wrong), note="two crafted cases (no compile time to measure here)")]
     # Inference in the student's own 03 precision, carried forward: bf16 where they chose it. Without

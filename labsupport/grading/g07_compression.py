@@ -31,7 +31,7 @@ import dataclasses
 import torch
 
 from .. import compress, measure
-from . import CheckResult, StudentCodeError, exported, judge, register, speed, student
+from . import CheckResult, StudentCodeError, exported, judge, lab_bar, register, speed, student
 from .g07_worker import Case, Here, Pruned, _data  # noqa: F401 (re-exported)
 from .judge_setup import Judged, MODEL_BYTES, RemoteSides
 
@@ -56,10 +56,8 @@ def _gap_check(check: str, lab, fp32_acc: float, acc: float, *, correct: bool, w
     gap = 100 * (fp32_acc - acc)
     note = f"fp32 {100 * fp32_acc:.1f}%, {what} {100 * acc:.1f}% on {compress.IMAGE_SIZE} px validation images"
     details = {"accuracy_fp32": fp32_acc, "accuracy": acc}
-    if not lab.profile.grades_speed and correct:
-        return CheckResult(check, None, None, "lower", lab.machine.device_class, "n/a",
-                           f"profile {lab.profile.name} trains too briefly to compare accuracy; your code ran",
-                           details)
+    if correct and not lab_bar(check, lab).applies:
+        return judge(check, None, lab, note="your code ran", details=details)
     return judge(check, gap, lab, correct=correct, why_incorrect=why, note=note,
                  details=details)
 
@@ -194,7 +192,7 @@ def int8(namespace, lab, sides=None):
                   note=f"{int8_bytes / 2**20:.1f} MiB vs {fp32_bytes / 2**20:.1f} MiB "
                        f"in fp32; logits within {error:.2%} of fp32's",
                   details={"bytes_ratio": ratio, "logit_error": error})
-    if lab.profile.grades_speed and correct:
+    if correct and lab_bar("07-int8-speedup", lab).applies:
         torch.compiler.reset()
         with compress.serving():  # no_grad and Inductor's freezing (int8 kernels need it)
             fast_fp32, fast_int8 = compress.compiled(fp32), compress.compiled(q)
@@ -304,9 +302,8 @@ def distillation(namespace, lab, sides=None):
                  note=f"largest relative error {worst:.2g} over {len(cases)} crafted cases (loss and gradient)",
                  details={"relative_error": worst})
     correct = loss.status == "pass"
-    if not lab.profile.grades_speed and correct:
-        return [loss, CheckResult("07-distill-accuracy", None, None, "higher", lab.machine.device_class, "n/a",
-                                  f"profile {lab.profile.name} trains too briefly to compare accuracy; your loss is exact")]
+    if correct and not lab_bar("07-distill-accuracy", lab).applies:
+        return [loss, judge("07-distill-accuracy", None, lab, note="your loss is exact")]
     if not correct:
         return [loss, judge("07-distill-accuracy", None, lab, correct=False,
                             why_incorrect=f"distillation_loss is not the distillation loss ({why or loss.note})")]
