@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 # Below this module, re-exported as ls.measure.X: profiles and their phases, a steady heap, undisturbed blocks.
-from .profiling import _gpu_sampler, profiler, trace_phases
-from .steady import BLOCK_TRIES, Disturbed, steady_heap, verified
+from .profiling import _gpu_sampler, profiler, trace_phases  # noqa: F401
+from .steady import BLOCK_TRIES, Disturbed, steady_heap, verified  # noqa: F401
 
 # The clock and device synchronisation every timing uses, bound when labsupport is imported: a
 # student's function that later replaces time.perf_counter or torch.cuda.synchronize (to shrink a
