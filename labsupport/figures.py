@@ -16,7 +16,6 @@ import pandas as pd
 
 from .ladder import RUNGS, Ladder, phases, rung_details
 
-
 # The published ladder this lab follows, for comparison (design brief): ResNet-50 on a data-centre
 # GPU, each rung's cumulative speedup. Another model on other hardware: compare shapes, not values.
 CASE_STUDY = (("baseline", 1.0), ("+workers", 1.4), ("+AMP", 1.9), ("+larger batch", 2.3), ("+compile", 2.8))

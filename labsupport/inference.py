@@ -22,7 +22,6 @@ from torch import nn
 
 from . import measure
 
-
 SERVE_BATCH = 32  # images per inference request, as a service batches them
 CPU = torch.device("cpu")
 

@@ -24,7 +24,6 @@ import pandas as pd
 from . import hardware, measure, memory, notebooks, pipeline, results, train
 from .profiling import PHASES
 
-
 # The ladder's rungs, in order: (stage recorded in the results store, rung label), from the registry.
 RUNGS = tuple((nb.stage, nb.rung) for nb in notebooks.rungs())
 COLUMNS = ("samples/s", "speedup (cumulative)", "speedup (this rung)", "peak MiB", "accuracy %")
