@@ -9,8 +9,9 @@ labsupport/notebooks.py) declares, as its ``RUNG`` (a :class:`Rung`), the one ch
 makes to a :class:`Recipe` (a loader and a training step). A rung's recipe is the baseline's with
 the changes of every rung along its chain (the registry's ``builds_on``) applied in turn; 06's
 composed pipeline is the changes of every rung that buys speed, in ladder order. This module
-measures any rung the same way, as the notebooks do (the same :func:`labsupport.ladder.measure_rung`), and the judge
-drives the ones whose step runs the student's code from outside (:mod:`.judging`, :mod:`.worker`).
+measures any rung the same way, as the notebooks do (:mod:`labsupport.ladder` times a rung for
+both), and the judge drives the ones whose step runs the student's code from outside
+(:mod:`.judging`, :mod:`.worker`).
 Today's changes:
 
 - 01: the naive baseline (naive loader, fp32 step, ``loss.item()`` every step);
