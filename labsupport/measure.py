@@ -27,6 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+# Below this module, re-exported as ls.measure.X: profiles and their phases, a steady heap, undisturbed blocks.
+from .profiling import _gpu_sampler, profiler, trace_phases  # noqa: F401
+from .steady import BLOCK_TRIES, Disturbed, steady_heap, verified  # noqa: F401
+
 # The clock and device synchronisation every timing uses, bound when labsupport is imported: a
 # student's function that later replaces time.perf_counter or torch.cuda.synchronize (to shrink a
 # measured time) cannot change what these names call. The grader's verdict process imports
@@ -37,37 +41,6 @@ _cuda_synchronize = torch.cuda.synchronize
 _mps_synchronize = torch.mps.synchronize
 
 
-# Where a long-running process's malloc leaves its thresholds (glibc raises them this far, no further,
-# as large blocks are freed): see steady_heap.
-HEAP_MMAP_THRESHOLD = 32 * 2**20
-HEAP_TRIM_THRESHOLD = 2 * HEAP_MMAP_THRESHOLD
-
-
-def steady_heap() -> bool:
-    """Make this process allocate as a long-running one does, from now on; False where the C
-    library has no glibc ``mallopt`` (macOS, Windows: nothing to do).
-
-    glibc's malloc serves a block above its mmap threshold (128 KiB at first) from fresh pages, each
-    faulted in on first touch, and raises the threshold (up to 32 MiB, the trim threshold to twice
-    it) only when such a block is freed: a process that ran long got there by chance of its history,
-    a fresh one not yet. A batch or an activation of a few MiB then cost a fresh process thousands
-    of page faults that a warm one never pays, and every timing depended on what ran before it:
-    02's reference loader took 1,000-2,700 faults a batch in some fresh processes and none in
-    others (its speedup 2.2-3.8x from fresh worker processes, 3.6-4.4x with this), and 05's
-    compiled speedup read 1.44x in a fresh process and 1.20x when run again in it (1.15-1.20x with
-    this; class cpu-bf16, real profile). ``ls.setup()``, the grader's judge and its workers all
-    call this first, so a notebook's self-check and the grader measure the same heap.
-    """
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError, TypeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    return bool(mallopt(m_mmap_threshold, HEAP_MMAP_THRESHOLD)) and bool(mallopt(m_trim_threshold, HEAP_TRIM_THRESHOLD))
-
-
 def sync(device: torch.device | str) -> None:
     """Wait for the device to finish queued work."""
     device = torch.device(device)
@@ -75,19 +48,6 @@ def sync(device: torch.device | str) -> None:
         _cuda_synchronize(device)
     elif device.type == "mps":
         _mps_synchronize()
-
-
-def profiler(device: torch.device | str, *, memory: bool = False, shapes: bool = False):
-    """A profile of ``device``'s work as ``torch.profiler.profile`` takes one (the CPU's activity,
-    and CUDA's on a GPU; ``memory``: the allocator's allocations and frees; ``shapes``: each
-    operator's input shapes, ``record_shapes``), through the autograd
-    profiler it wraps, for the checks' own profiles: its ``function_events`` are torch.profiler's
-    ``events()``, its ``key_averages()`` the same table. torch.profiler's start asks
-    ``hasattr(torch, "_inductor")``, which imports Inductor: about 2.5 s in a process that compiles
-    nothing (a grading worker, class cpu), paid by every one that profiles."""
-    use_device = "cuda" if torch.device(device).type == "cuda" else None
-    return torch.autograd.profiler.profile(use_cpu=True, use_kineto=True, use_device=use_device,
-                                           profile_memory=memory, record_shapes=shapes)
 
 
 @dataclass(frozen=True)
@@ -296,33 +256,6 @@ class Comparison:
         return f"speedup {self.speedup} over {self.speedup.n} interleaved rounds{warning}"
 
 
-# Times a timed block is tried before a measurement gives up on it (:func:`verified`): a block whose
-# ``verify`` says it was disturbed is thrown away and timed again.
-BLOCK_TRIES = 3
-
-
-class Disturbed(RuntimeError):
-    """A timed block was disturbed in every one of its :data:`BLOCK_TRIES` tries (why, in words):
-    nothing it measured counts."""
-
-
-def verified(block: Callable[[], float], side: str, verify: Callable[[str], Callable[[], str]] | None) -> float:
-    """``block()`` (a timed block of ``side``), its result once ``verify`` passes it: ``verify(side)``
-    is called before the block and returns a function called after it, which says why the block does
-    not count ("" when it does). A block that does not count is timed again, up to :data:`BLOCK_TRIES`
-    times, then :class:`Disturbed`. With ``verify`` None (one process: nothing else to watch), once."""
-    if verify is None:
-        return block()
-    why = ""
-    for _ in range(BLOCK_TRIES):
-        done = verify(side)
-        took = block()
-        why = done()
-        if not why:
-            return took
-    raise Disturbed(f"{why} (every one of {BLOCK_TRIES} tries)")
-
-
 def compare(baseline: Callable[[], object], candidate: Callable[[], object],
             device: torch.device | str, *, rounds: int, steps_per_round: int, warmup: int = 1,
             progress: bool = False, focus: Callable[[str], None] | None = None,
@@ -410,37 +343,6 @@ class Utilisation:
     note: str = ""  # why nothing was sampled, or how to read the number
 
 
-def _nvidia_smi_id(index: int) -> str:
-    """How ``nvidia-smi -i`` names torch's CUDA device ``index``: by its UUID. nvidia-smi numbers
-    the GPUs itself, ignoring CUDA_VISIBLE_DEVICES, so under ``CUDA_VISIBLE_DEVICES=3`` torch's
-    device 0 is nvidia-smi's 3: by index it would read another GPU (another student's, on a
-    shared grading node)."""
-    try:
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-    except Exception:  # a torch without it: the index, right where nothing renumbers the GPUs
-        return str(index)
-    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-
-
-def _gpu_sampler(device: torch.device) -> tuple[Callable[[], float], str]:
-    """A function reading the GPU's utilisation now, and its source: NVML through
-    ``torch.cuda.utilization`` (nvidia-ml-py), else one ``nvidia-smi --query-gpu`` per sample."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    try:
-        torch.cuda.utilization(index)
-        return (lambda: float(torch.cuda.utilization(index))), "torch.cuda.utilization (NVML)"
-    except Exception:  # no nvidia-ml-py, or NVML unusable: ask nvidia-smi
-        import subprocess
-
-        command = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                   "-i", _nvidia_smi_id(index)]
-
-        def read() -> float:
-            return float(subprocess.run(command, capture_output=True, text=True, check=True, timeout=5).stdout)
-        read()
-        return read, "nvidia-smi --query-gpu=utilization.gpu"
-
-
 def utilisation(fn: Callable[[], object], device: torch.device | str, *, interval_s: float = 0.1) -> Utilisation:
     """Sample how busy ``device`` is, every ``interval_s``, while ``fn()`` runs.
 
@@ -495,79 +397,3 @@ def utilisation(fn: Callable[[], object], device: torch.device | str, *, interva
     if not samples:
         return Utilisation(what, None, 0, f"the run was shorter than one {interval_s} s sample")
     return Utilisation(what, float(np.mean(samples)), len(samples))
-
-
-def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Intervals (start, end) merged where they overlap, in order."""
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def _clipped(intervals: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
-    return [(max(s, start), min(e, end)) for s, e in intervals if e > start and s < end]
-
-
-def trace_phases(prof, phases: tuple[str, ...] | None = None) -> "pd.DataFrame":
-    """Read a profiled step's trace per labelled phase, from the profiler's own events.
-
-    ``prof`` is a finished ``torch.profiler.profile`` whose steps label their phases with
-    ``record_function`` (default names: ``train.PHASES``). Per phase, averaged over the profiled
-    steps, in milliseconds: how long the host spent in it (``host ms``), how much of that time the
-    device was working (``busy ms``) and idle (``idle ms``), the host-to-device copies that ran in
-    it (``H2D copies``, their device time ``H2D ms``), how many device activities ran in it
-    (``kernels``) and the median gap between one's end and the next one's start (``median gap
-    us``: microseconds).
-
-    On CUDA the device is the GPU: its kernels, copies and memsets, as the trace's device rows
-    show them. The time is the host's: the GPU's work on a step's backward may run while the host
-    is already in ``optimizer``. On a CPU the "device" is the operators themselves (every
-    ``aten::`` op on any thread): idle is the time in a phase that no operator accounts for
-    (Python, PIL decoding, waiting for a lock), and there are no host-to-device copies. The
-    frame's ``attrs["device"]`` says which.
-    """
-    import pandas as pd
-    from torch.autograd import DeviceType
-
-    from .train import PHASES
-
-    phases = tuple(phases or PHASES)
-    events = list(prof.events())
-    host = [e for e in events if e.device_type == DeviceType.CPU and e.name in phases]
-    steps = max([sum(1 for e in host if e.name == phase) for phase in phases] + [1])
-    on_device = [e for e in events if e.device_type != DeviceType.CPU
-                 and e.name not in phases and not e.name.startswith("ProfilerStep#")]
-    gpu = bool(on_device)
-    if not gpu:  # a CPU: the operators are the device, each counted once (not the ops it calls)
-        on_device = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")
-                     and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
-    work = _merged([(e.time_range.start, e.time_range.end) for e in on_device])
-    copies = [(e.time_range.start, e.time_range.end) for e in on_device if "HtoD" in e.name]
-    rows = {}
-    for phase in phases:
-        windows = [(e.time_range.start, e.time_range.end) for e in host if e.name == phase]
-        host_us = busy_us = copy_us = 0.0
-        n_copies = n_kernels = 0
-        gaps: list[float] = []
-        for start, end in windows:
-            inside = _clipped(work, start, end)
-            host_us += end - start
-            busy_us += sum(e - s for s, e in inside)
-            gaps += [b[0] - a[1] for a, b in zip(inside, inside[1:])]
-            mine = _clipped(copies, start, end)
-            n_copies += len(mine)
-            copy_us += sum(e - s for s, e in mine)
-            n_kernels += sum(1 for e in on_device if start <= e.time_range.start < end)
-        rows[phase] = {"host ms": host_us / 1e3 / steps, "busy ms": busy_us / 1e3 / steps,
-                       "idle ms": (host_us - busy_us) / 1e3 / steps,
-                       "H2D copies": n_copies / steps if gpu else float("nan"),
-                       "H2D ms": copy_us / 1e3 / steps if gpu else float("nan"),
-                       "kernels": n_kernels / steps,
-                       "median gap us": float(np.median(gaps)) if gaps else float("nan")}
-    frame = pd.DataFrame(rows).T
-    frame.attrs["device"] = "GPU" if gpu else "CPU operators"
-    return frame

@@ -133,3 +133,17 @@ def load_all(directory: Path | None = None, required: list[str] | tuple[str, ...
                      "device_name": machine.get("device_name"), **rec["metrics"]})
     return pd.DataFrame(rows, columns=None if rows else
                         ["stage", "notebook", "recorded_at", "device_class", "device_name"])
+
+
+def kept_checks(directory: Path | None = None) -> pd.DataFrame:
+    """Every notebook's kept checks table (``<results>/checks/<NN>.json``, written by the self-check
+    and the grader: :func:`labsupport.grading.keep_checks`), one row per check, in notebook order;
+    an unreadable table is left out, not raised (the report shows the others)."""
+    folder = Path(directory) if directory else results_dir()
+    rows = []
+    for path in sorted((folder / "checks").glob("*.json")):
+        try:
+            rows += json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return pd.DataFrame(rows, columns=["check", "measured", "threshold", "result", "note"])

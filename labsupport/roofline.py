@@ -296,14 +296,14 @@ def table(lad, found: dict[str, dict]) -> pd.DataFrame:
     """Per rung of ``lad`` (a :class:`labsupport.report.Ladder`): FLOP/s counted on its step
     (:func:`labsupport.train.step_flops` x images/s), the theoretical peak and the best kernel
     measured in its dtype (``found``: :func:`peaks`), "% of peak" against the theoretical one."""
-    from . import report, train
+    from . import ladder, train
 
     rows, counted = [], {}
     for _, rec in lad.rows.iterrows():
         setup = lad.setups.get(rec["stage"], {})
         size, dtype = setup.get("image_size"), setup.get("amp_dtype") or "float32"
         per_s = rec.get("samples_per_s")
-        if (dtype not in report.SETUP_DTYPES or type(size) is not int or size not in report.SETUP_SIZES
+        if (dtype not in ladder.SETUP_DTYPES or type(size) is not int or size not in ladder.SETUP_SIZES
                 or dtype not in found or per_s is None or pd.isna(per_s)):
             continue  # not a step the lab runs (ladder() drops such values from records already)
         per_image = counted.setdefault(size, train.step_flops(size))
@@ -311,7 +311,7 @@ def table(lad, found: dict[str, dict]) -> pd.DataFrame:
         entry = found[dtype]
         best = max(entry["kernels"], key=lambda k: k["GFLOP/s"])
         bound = entry["theoretical"]
-        rows.append({"rung": dict(report.RUNGS).get(rec["stage"], rec["stage"]), "dtype": dtype,
+        rows.append({"rung": dict(ladder.RUNGS).get(rec["stage"], rec["stage"]), "dtype": dtype,
                      "GFLOP per image": per_image / 1e9, "GFLOP/s": flops / 1e9,
                      "theoretical peak GFLOP/s": bound / 1e9 if bound else float("nan"),
                      "best kernel GFLOP/s": best["GFLOP/s"],
@@ -323,14 +323,14 @@ def table(lad, found: dict[str, dict]) -> pd.DataFrame:
 def wanted(lad) -> dict[str, tuple[int, int]]:
     """``{dtype: (image_size, batch)}`` of the first rung of ``lad`` in each dtype: the shapes whose
     kernels :func:`peaks` measures."""
-    from . import report
+    from . import ladder
 
     out = {}
     for _, rec in lad.rows.iterrows():
         setup = lad.setups.get(rec["stage"], {})
         size, dtype = setup.get("image_size"), setup.get("amp_dtype") or "float32"
         batch = rec.get("batch")
-        if (dtype in report.SETUP_DTYPES and type(size) is int and size in report.SETUP_SIZES
+        if (dtype in ladder.SETUP_DTYPES and type(size) is int and size in ladder.SETUP_SIZES
                 and dtype not in out):
             out[dtype] = (size, int(batch) if isinstance(batch, (int, float)) and not pd.isna(batch) and 0 < batch <= 4096 else 32)
     return out

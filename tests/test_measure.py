@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from labsupport import measure
+from labsupport import measure, profiling
 from conftest import requires_cuda
 
 
@@ -141,7 +141,7 @@ def test_a_block_its_verify_rejects_is_timed_again_then_the_comparison_gives_up(
 # A fresh process's malloc(20 MiB): from the heap, or a fresh mapping of its own (printed).
 _WHERE_20_MIB = """
 import ctypes, sys
-from labsupport import measure
+from labsupport import measure, profiling
 if sys.argv[1] == "steady" and not measure.steady_heap():
     print("no mallopt"); raise SystemExit
 libc = ctypes.CDLL(None)
@@ -261,13 +261,13 @@ def test_nvidia_smi_reads_the_gpu_torch_uses_by_its_uuid(monkeypatch):
 
     uuid = "8a1f7c1e-0d5a-4b0e-9a57-1f2e3d4c5b6a"
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(uuid=uuid))
-    assert measure._nvidia_smi_id(0) == f"GPU-{uuid}"
+    assert profiling._nvidia_smi_id(0) == f"GPU-{uuid}"
 
     def no_properties(index):
         raise AssertionError("Torch not compiled with CUDA enabled")
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", no_properties)
-    assert measure._nvidia_smi_id(2) == "2"
+    assert profiling._nvidia_smi_id(2) == "2"
 
 
 def test_gpu_utilisation_that_cannot_be_read_says_why(monkeypatch):

@@ -78,3 +78,18 @@ def test_in_colab_the_dataset_is_on_the_runtimes_disk_and_results_on_drive(monke
     monkeypatch.delitem(sys.modules, "google.colab")
     monkeypatch.delenv("LAB_DATA")
     assert paths.data_root() == tmp_path / "drive" / "data" / "lab-shapes"  # LAB_HOME outside Colab
+
+
+def test_the_kept_checks_are_read_in_notebook_order_and_an_unreadable_table_is_left_out(tmp_path):
+    """The report's "Graded checks" table (results.kept_checks): every notebook's kept table, 01's
+    rows before 03's, and a table that is not JSON left out rather than raised."""
+    folder = tmp_path / "checks"
+    folder.mkdir()
+    row = {"measured": 1.0, "threshold": 2.0, "result": "pass", "note": ""}
+    (folder / "03.json").write_text(json.dumps([{"check": "03-amp-speedup", **row}]))
+    (folder / "01.json").write_text(json.dumps([{"check": "01-timer", **row}, {"check": "01-diagnosis", **row}]))
+    (folder / "02.json").write_text("{not json")
+    table = results.kept_checks(tmp_path)
+    assert list(table.check) == ["01-timer", "01-diagnosis", "03-amp-speedup"]
+    assert list(table.columns) == ["check", "measured", "threshold", "result", "note"]
+    assert results.kept_checks(tmp_path / "nowhere").empty

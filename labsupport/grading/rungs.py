@@ -9,8 +9,9 @@ labsupport/notebooks.py) declares, as its ``RUNG`` (a :class:`Rung`), the one ch
 makes to a :class:`Recipe` (a loader and a training step). A rung's recipe is the baseline's with
 the changes of every rung along its chain (the registry's ``builds_on``) applied in turn; 06's
 composed pipeline is the changes of every rung that buys speed, in ladder order. This module
-measures any rung the same way, as the notebooks do (the same ``measure_rung``), and the judge
-drives the ones whose step runs the student's code from outside (:mod:`.judging`, :mod:`.worker`).
+measures any rung the same way, as the notebooks do (:mod:`labsupport.ladder` times a rung for
+both), and the judge drives the ones whose step runs the student's code from outside
+(:mod:`.judging`, :mod:`.worker`).
 Today's changes:
 
 - 01: the naive baseline (naive loader, fp32 step, ``loss.item()`` every step);
@@ -28,8 +29,8 @@ import importlib
 from dataclasses import dataclass
 from collections.abc import Callable
 
-from .. import notebooks, pipeline, report, train
-from . import CheckResult, carried, module_name
+from .. import ladder, notebooks, pipeline, results, train
+from . import CheckResult, StudentCodeError, carried, module_name
 
 
 def measured(found: dict[str, CheckResult], check: str) -> float | None:
@@ -167,44 +168,12 @@ def measure_timed(number: str, step: Callable[[], object], config: train.StepCon
                   found: dict[str, CheckResult], wait: Callable[[], object] | None = None,
                   peak: Callable[[], float] | None = None,
                   verify: Callable[[str], Callable[[], str]] | None = None) -> dict:
-    """Record notebook ``number``'s rung timed from outside (the grader's judge): ``wait()`` fetches
-    the next batch from the student's loader onto the device elsewhere, ``step()`` trains on it;
-    each returns when it is done. Throughput as :func:`report.measure_rung` times it, and of the
-    phases only the data wait (the fetch's time), which is all a clock outside can split off.
-    Peak memory only the process running the step can count: where ``peak()`` asks it for one
-    step's (04's rung, whose point is its memory), it is recorded as that process's count.
-    ``lab``'s profile is the rung's (04's: twice the batch). ``verify``: the timing and the waits are
-    each one block, kept only where it says the baseline's worker, stopped, did not run
-    (:func:`labsupport.measure.verified`)."""
-    import statistics
-    import time
-
-    from .. import measure, results
-
-    nb = notebooks.get(number)
-    profile = lab.profile
-    whole = step if wait is None else (lambda: (wait(), step()))
-    timing = measure.verified(lambda: measure.time_steps(whole, lab.device, warmup=profile.warmup_steps,
-                                                         steps=profile.measure_steps,
-                                                         samples_per_step=profile.batch_size, progress=False),
-                              "candidate", verify)
-    metrics = {**timing.summary()}
-    if wait is not None:
-        def timed_waits() -> list[float]:
-            waits = []
-            for _ in range(max(3, profile.measure_steps // 2)):
-                started = time.perf_counter()
-                wait()
-                waits.append(1e3 * (time.perf_counter() - started))
-                step()
-            return waits
-        metrics["phases_ms"] = {"data wait": statistics.median(measure.verified(timed_waits, "candidate", verify))}
-    extra = of(number).extras(found, lab)
-    if peak is not None:
-        metrics.update(peak_bytes=float(peak()), peak_counted_by="the worker running the student's step")
-    metrics.update(**extra, timed_by="the grader's judge, from outside", change=nb.change, builds_on=nb.builds_on)
-    results.record(nb.stage, metrics, config=config, machine=lab.machine, profile=profile)
-    return metrics
+    """Record notebook ``number``'s rung timed from outside (the grader's judge), with this
+    notebook's checks' figures beside it: :func:`labsupport.ladder.measure_timed` (``wait()``
+    fetches a batch, ``step()`` trains on it, ``peak()`` counts one step's peak where the rung's
+    point is memory, ``verify`` keeps a block only where the stopped side did not run)."""
+    return ladder.measure_timed(notebooks.get(number).stage, step, config, lab, extra=of(number).extras(found, lab),
+                                wait=wait, peak=peak, verify=verify)
 
 
 def measure(number: str, namespace: dict, lab, found: dict[str, CheckResult]) -> dict | None:
@@ -218,5 +187,44 @@ def measure(number: str, namespace: dict, lab, found: dict[str, CheckResult]) ->
     if rung is None:
         return None
     loader, step, at = build(number, namespace, lab)
-    return report.measure_rung(notebooks.get(number).stage, step, loader, lab, profile=at.profile,
+    return ladder.measure_rung(notebooks.get(number).stage, step, loader, lab, profile=at.profile,
                                progress=False, **rung.extras(found, at))
+
+
+def measure_here(lab, stages) -> dict[str, str]:
+    """Measure the rungs ``stages`` again on this machine, from the student's carried code, and
+    record them; returns ``{stage: what happened}``. 06 calls it ``ls.report.measure_here``.
+
+    Rungs measured on different machines do not compare, and Colab gives every notebook a new
+    runtime, often another machine: 06 measures each rung recorded elsewhere again here, exactly
+    as the grader measures rungs (:func:`measure`: the naive baseline, or the code 02-05's
+    checks carried forward). The new record keeps where the rung was first
+    measured (``first_measured_on``) and the accuracy its first record held (03's training run,
+    which is not repeated here); the figures 02-05's checks measured beside their rung were
+    measured there, not here, and are left out.
+    """
+    done = {}
+    for stage in stages:
+        number = notebooks.by_stage(stage).number
+        try:
+            first = results.load(stage)
+        except results.ResultsError:
+            first = None
+        try:
+            namespace = {} if number == "01" else dict(vars(carried(number, lab)))
+            measure(number, namespace, lab, {})
+        except StudentCodeError as err:
+            done[stage] = f"not measured again: {err}"
+            continue
+        except Exception as err:  # the carried code broke here: 06 says so and goes on
+            done[stage] = f"not measured again: your carried code raised {type(err).__name__}: {str(err)[:200]}"
+            continue
+        if first is not None:
+            record = results.load(stage)
+            kept = {k: first["metrics"][k] for k in ("accuracy", "accuracy_fp32")
+                    if first["metrics"].get(k) is not None}
+            results.record(stage, {**record["metrics"], **kept,
+                                   "first_measured_on": ladder.machine_label(first["machine"])},
+                           config=record["config"], machine=record["machine"], profile=record["profile"])
+        done[stage] = "measured again here"
+    return done
