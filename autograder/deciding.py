@@ -30,7 +30,7 @@ import nbformat
 from labsupport import notebooks
 from labsupport.grading import judge_setup, judging
 
-from . import boundary, course, sandbox
+from . import boundary, course, sandbox, sandbox_memory, sandbox_users
 
 ENV_KEPT = ("PATH", "LANG", "LC_ALL", "ONEDNN_MAX_CPU_ISA", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS")  # what the verdict process inherits from the grader
@@ -111,7 +111,7 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     shutil.rmtree(dirs.outbox, ignore_errors=True)
     dirs.outbox.mkdir()
     if box is not None:
-        sandbox.own(dirs.outbox)  # new, empty: nothing in it yet to follow
+        sandbox_users.own(dirs.outbox)  # new, empty: nothing in it yet to follow
     out = dirs.outbox / f"verdict-{number}.json"
     spec = {"notebook": number, "store": str(dirs.store), "report": str(dirs.report / "report.html"),
             "since": since, "out": str(out), "inputs": str(inputs), **settings}
@@ -121,9 +121,9 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     env = environment({**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}), **(env or {})})
     if box is not None:
         argv = box.command(argv)
-    done = boundary.run(argv, env=env, timeout_s=timeout_s, on_timeout=sandbox.kill_all if box else None)
+    done = boundary.run(argv, env=env, timeout_s=timeout_s, on_timeout=sandbox_users.kill_all if box else None)
     if box is not None:
-        sandbox.kill_all()
+        sandbox_users.kill_all()
     if done.timed_out:
         return {"error": f"the verdict process ran past {timeout_s:.0f} s", "seconds": done.seconds}
     try:
@@ -183,12 +183,12 @@ def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str,
     argv = [sys.executable, "-P", "-m", "labsupport.grading.judging", str(inputs / "judge.json")]
     try:
         done = boundary.run(argv, env={**inner, **judging.QUIET_WAIT}, timeout_s=timeout_s,
-                            on_timeout=sandbox.kill_all if box else None)
+                            on_timeout=sandbox_users.kill_all if box else None)
     finally:  # whatever the judge did: its workers' groups go, with anything still in them
         for group in groups.values():
             group.remove()
     if box is not None:
-        sandbox.kill_all()  # the workers, and anything they started
+        sandbox_users.kill_all()  # the workers, and anything they started
     if done.timed_out:
         return {"error": f"the judge ran past {timeout_s:.0f} s", "seconds": done.seconds}
     try:
@@ -204,7 +204,7 @@ def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str,
 def worker_groups(number: str, worker_box: sandbox.Sandbox | None, problems: list[str], *,
                   within: Path | None = None) -> tuple[dict, dict]:
     """The judge's two workers' cgroup v2 groups (``{"student": Group, "baseline": Group}``), made
-    here, as root, under this grader's (:func:`sandbox.group_path`), empty, and what the judge's
+    here, as root, under this grader's (:func:`sandbox_memory.group_path`), empty, and what the judge's
     spec says of them: ``groups`` (their paths) and ``sandboxes`` (each worker's sandbox prefix,
     which joins its group as root before bwrap starts the worker: its first instruction is in it).
     The judge freezes each as a whole while it times the other; the caller removes them. None
@@ -220,7 +220,7 @@ def worker_groups(number: str, worker_box: sandbox.Sandbox | None, problems: lis
         groups = {}
         for role in ("student", "baseline"):
             name = f"judge-{number}-{role}"
-            groups[role] = cgroups.Group.make(Path(within) / name if within else sandbox.group_path(name))
+            groups[role] = cgroups.Group.make(Path(within) / name if within else sandbox_memory.group_path(name))
             groups[role].kill()  # what a killed grader's judge left there, if anything
     except cgroups.CgroupError as err:
         for group in groups.values():

@@ -37,7 +37,8 @@ from traitlets import Bool, List
 
 from labsupport.grading import MEASURED_BY_THE_GRADER, cgroups
 
-from . import boundary, course, deciding, gradebook, kernel, sandbox, skipping, stopping
+from . import (boundary, course, deciding, gradebook, kernel, sandbox, sandbox_disk, sandbox_memory, sandbox_users,
+               skipping, stopping)
 from .course import Course
 
 # Cell outputs that mean nbgrader interrupted a cell at its time limit.
@@ -211,7 +212,7 @@ class Batch:
         the = course.of(where)
         dataset.ensure(progress=False)  # read-only in the sandboxes: it must be there before they start
         work = the.root / "sandbox"
-        sandbox.unmount_below(work)  # what a grader that crashed left mounted
+        sandbox_disk.unmount_below(work)  # what a grader that crashed left mounted
         shutil.rmtree(work, ignore_errors=True)
         lib = work / "batch" / "lib"
         shutil.copytree(Path(labsupport.__file__).parent, lib / "labsupport",
@@ -229,7 +230,7 @@ class Batch:
                     "calibration": str(spec / "calibration.toml") if calibration.is_file() else None,
                     "data": str(data_root().resolve())}
         box = sandbox.problem()
-        memory = box or sandbox.memory_cgroup()[1]
+        memory = box or sandbox_memory.memory_cgroup()[1]
         gpu = None if box else sandbox.gpu_problem(sandbox.Sandbox(writable=(), readable=(lib, Path(settings["data"])),
                                                                    env={"PYTHONPATH": str(lib)}))
         if gpu:
@@ -278,7 +279,7 @@ class Folders:
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True)
             if owned:
-                sandbox.own(path)
+                sandbox_users.own(path)
 
 
 def grade_student(where: Course | Path, student: str, *, timeout_s: int,
@@ -301,7 +302,7 @@ def grade_student(where: Course | Path, student: str, *, timeout_s: int,
     names = course.lab_order(p.stem for p in course.graded_masters(the.root))
     kept = the.results(student)  # the grader's measurements, copied out at the end
     dirs = Folders(batch.course.root / "sandbox" / "students" / student)
-    sandbox.unmount_below(dirs.work)
+    sandbox_disk.unmount_below(dirs.work)
     for path in (kept, dirs.work, the.verdicts(student)):
         shutil.rmtree(path, ignore_errors=True)
     deadline = time.monotonic() + batch.submission_budget_s
@@ -332,7 +333,7 @@ def grade_student(where: Course | Path, student: str, *, timeout_s: int,
         raise
     finally:
         _end(group, batch)
-        sandbox.unmount_below(dirs.work)
+        sandbox_disk.unmount_below(dirs.work)
         shutil.rmtree(dirs.work, ignore_errors=True)
     scores = gradebook.notebook_scores(the, student)
     for g in grades:
@@ -345,18 +346,18 @@ def grade_student(where: Course | Path, student: str, *, timeout_s: int,
 
 def _submission_group(batch: Batch) -> cgroups.Group | None:
     """The cgroup v2 group every sandbox of the submission runs in (its kernels and verdict
-    processes; :func:`sandbox.kill_all` ends it as a whole): made empty, below this grader's
-    (:func:`sandbox.group_path`); None without a sandbox, or where no group can be made (then the
-    pid walk of :func:`sandbox.kill_all` alone ends them)."""
+    processes; :func:`sandbox_users.kill_all` ends it as a whole): made empty, below this grader's
+    (:func:`sandbox_memory.group_path`); None without a sandbox, or where no group can be made (then the
+    pid walk of :func:`sandbox_users.kill_all` alone ends them)."""
     if batch.box is not None or cgroups.problem():
         return None
     try:
-        group = cgroups.Group(sandbox.group_path("submission"))
+        group = cgroups.Group(sandbox_memory.group_path("submission"))
         group.remove()  # what a grader that was killed outright left in it
         group = cgroups.Group.make(group.path)
     except (cgroups.CgroupError, OSError):
         return None
-    sandbox.track(group.path)
+    sandbox_users.track(group.path)
     return group
 
 
@@ -364,10 +365,10 @@ def _end(group: cgroups.Group | None, batch: Batch) -> None:
     """End every process of the submission's sandboxes (its group by ``cgroup.kill``, then what
     the pid walk finds), reap them, and remove its group."""
     if batch.box is None:
-        sandbox.kill_all()
+        sandbox_users.kill_all()
     if group is not None:
         group.remove()
-        sandbox.untrack(group.path)
+        sandbox_users.untrack(group.path)
 
 
 def _stopped(the: Course, student: str, batch: Batch, names: list[str], grades: list[NotebookGrade],
@@ -403,7 +404,7 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
     sandboxed = batch.box is None
     dirs.work.mkdir(parents=True)
     if sandboxed and batch.disk is None:
-        why = sandbox.mount_disk(dirs.work, int(sandbox.STORE_BYTES * DISK_HEADROOM))
+        why = sandbox_disk.mount_disk(dirs.work, int(sandbox_disk.STORE_BYTES * DISK_HEADROOM))
         if why:  # said once for the batch: the watchdog counts files instead
             batch.disk = f"no size-limited filesystem per submission ({why})"
             print(f"note: {batch.disk}; the watchdog counts each submission's files instead")
@@ -413,7 +414,7 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
     dirs.connection.chmod(0o700)
     shutil.copytree(folder, dirs.cwd)  # the kernel's working folder: the submission as handed in
     if sandboxed:
-        sandbox.own(dirs.cwd)
+        sandbox_users.own(dirs.cwd)
     kernel_report = dirs.report / "report.html"
     autograded = the.autograded(student)
     env = {"LAB_RESULTS": str(dirs.results), "LAB_REPORT": str(kernel_report),
@@ -460,7 +461,7 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
                             Execute__shutdown_kernel="immediate",
                             BoundedExecute__skipped=sorted(_skipped(path, batch.skips.get(name))))
             dirs.fresh("run", owned=sandboxed)  # what the last kernel left there is gone
-            _give_rungs(dirs, sandbox.user() if sandboxed else None)
+            _give_rungs(dirs, sandbox_users.user() if sandboxed else None)
             if box is not None:
                 kernel.spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
                             dirs.run / "kernel.log")
@@ -475,12 +476,12 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
                 BoundedExecute if pp is Execute or getattr(pp, "replaced_by_the_grader", False) else
                 WithheldAutoGrades if pp is SaveAutoGrades else pp for pp in app.autograde_preprocessors]
             started, since = time.perf_counter(), time.time()
-            kills = sandbox.memory_kills()
-            memory = sandbox.MemoryPeak()
-            with sandbox.watchdog(written, enabled=sandboxed, disk=disk) as dog:
+            kills = sandbox_memory.memory_kills()
+            memory = sandbox_memory.MemoryPeak()
+            with sandbox_disk.watchdog(written, enabled=sandboxed, disk=disk) as dog:
                 outcome = gradebook.run(app)
             if sandboxed:
-                sandbox.kill_all()  # nothing the notebook started outlives it (its group, then the pid walk)
+                sandbox_users.kill_all()  # nothing the notebook started outlives it (its group, then the pid walk)
             stopping.check()  # nbgrader's app swallows the signal's exception: it stops the batch here
             seconds = time.perf_counter() - started
             errors, timed_out = _cell_errors(autograded / f"{name}.ipynb")
@@ -489,11 +490,11 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
                 errors.append(gradebook.last_error_line(outcome))
             else:
                 status = "timed out" if timed_out else "graded"
-            if sandbox.memory_kills() > kills:
-                errors.append(f"the notebook used more than {sandbox.memory_bytes() / 2**30:.1f} GiB of memory: "
+            if sandbox_memory.memory_kills() > kills:
+                errors.append(f"the notebook used more than {sandbox_memory.memory_bytes() / 2**30:.1f} GiB of memory: "
                               "the sandbox's limit stopped it")
-            if dog.tripped or (sandboxed and sandbox.disk_used(written, disk) > sandbox.STORE_BYTES):
-                errors.append(f"the notebook wrote more than {sandbox.STORE_BYTES / 2**20:.0f} MiB to disk: "
+            if dog.tripped or (sandboxed and sandbox_disk.disk_used(written, disk) > sandbox_disk.STORE_BYTES):
+                errors.append(f"the notebook wrote more than {sandbox_disk.STORE_BYTES / 2**20:.0f} MiB to disk: "
                               "it was stopped, and what it wrote was deleted")
                 dirs.fresh("results", "cwd", "report", "inductor", owned=sandboxed)
             left = deadline - time.monotonic()

@@ -82,7 +82,7 @@ def run_task(where: Course | Path, job: Path, student: str, *, timeout_s: int | 
     """
     from labsupport.hardware import describe_machine
 
-    from . import grade, sandbox, stopping
+    from . import grade, sandbox, sandbox_users, stopping
 
     the, job = course.of(where), Path(job).resolve()
     task = job / "tasks" / student
@@ -91,7 +91,7 @@ def run_task(where: Course | Path, job: Path, student: str, *, timeout_s: int | 
     record = {"student": student, "status": "failed", "started": time.time(), "host": socket.gethostname(),
               "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "no_sandbox": sandbox.problem(),
               "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-              "sandbox_user": sandbox.user(),
+              "sandbox_user": sandbox_users.user(),
               "device": f"{describe_machine().device_name} ({describe_machine().device_class})",
               "slurm": {k: os.environ.get(k) for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID",
                                                        "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST")}}

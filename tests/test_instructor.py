@@ -25,7 +25,7 @@ import pytest
 
 import scenarios
 from autograder import (calibrate, collect, course, deciding, grade, gradebook, parallel, release, reports, sandbox,
-                        tasks)
+                        sandbox_disk, sandbox_users, tasks)
 from labsupport import grading
 from labsupport.hardware import describe_machine
 
@@ -277,7 +277,7 @@ def graded(tmp_path_factory, tiny_data):
         mp.setenv("LAB_CALIBRATION", str(tmp / "no-calibration.toml"))
         # A smaller disk quota, so that the disk fill is stopped within seconds (05's compile
         # caches, 157 MB precompiled headers among them, fit in it).
-        mp.setattr(sandbox, "STORE_BYTES", 2**30)
+        mp.setattr(sandbox_disk, "STORE_BYTES", 2**30)
         mp.setattr(sandbox, "MAX_FILE_BYTES", 512 * 2**20)
         collected = collect.collect(inbox, root)
         checkout = (CHECKOUT / "labsupport", CHECKOUT / "autograder", CHECKOUT / "tests", root / "submitted",
@@ -697,7 +697,7 @@ def test_attacks_change_nothing_outside_their_own_grade(graded):
                   ((sub.student.id, g) for sub in gb.find_assignment("lab").submissions
                    for nb in sub.notebooks for g in nb.grades) if g.extra_credit]
     assert credit == []
-    left = subprocess.run(["pgrep", "-u", str(sandbox.user())], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-u", str(sandbox_users.user())], capture_output=True, text=True).stdout
     assert not left.strip(), f"processes of the sandbox outlived grading: {left}"
     for name in ("grades", "grades_by_check", "grading_summary"):
         assert (root / f"{name}.csv").stat().st_size > 0

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import deciding, sandbox
+from autograder import deciding, sandbox, sandbox_users
 from labsupport.grading import cgroups, judging, wire
 from labsupport.hardware import describe_machine
 
@@ -150,7 +150,7 @@ def judge(tmp_path, tiny_data, code: str | None, *, notebook: str = "02", earlie
         for group in groups.values():
             assert group.remove(), f"the judge's {group.path} could not be emptied and removed"
     if boxed:
-        sandbox.kill_all()
+        sandbox_users.kill_all()
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads((tmp_path / "verdict.json").read_text())
 

@@ -16,7 +16,7 @@ import zipfile
 
 import pytest
 
-from autograder import boundary, collect, course, sandbox
+from autograder import boundary, collect, course, sandbox, sandbox_disk, sandbox_memory, sandbox_users
 
 needs_sandbox = pytest.mark.skipif(sandbox.problem() is not None,
                                    reason=f"no grading sandbox here: {sandbox.problem()}")
@@ -110,55 +110,55 @@ def test_run_keeps_a_bounded_piece_of_a_flood_and_stops_at_its_time():
 
 @needs_sandbox
 def test_memory_is_limited_per_grader(monkeypatch, tmp_path):
-    procs, why = sandbox.memory_cgroup()
+    procs, why = sandbox_memory.memory_cgroup()
     if procs is None:
         pytest.skip(f"no memory cgroup on this machine: {why}")
-    sandbox.memory_cgroup.cache_clear()
-    monkeypatch.setattr(sandbox, "memory_bytes", lambda: 256 * 2**20)
+    sandbox_memory.memory_cgroup.cache_clear()
+    monkeypatch.setattr(sandbox_memory, "memory_bytes", lambda: 256 * 2**20)
     try:
-        sandbox.memory_cgroup()
-        kills = sandbox.memory_kills()
+        sandbox_memory.memory_cgroup()
+        kills = sandbox_memory.memory_kills()
         box = sandbox.Sandbox(writable=(), readable=())
         hog = "x = bytearray(1024 * 2**20); x[::4096] = b'y' * len(x[::4096]); print('survived')"
         done = subprocess.run(box.command([sys.executable, "-c", hog]), capture_output=True, text=True, timeout=120)
         assert "survived" not in done.stdout and done.returncode != 0, done
-        assert sandbox.memory_kills() > kills
+        assert sandbox_memory.memory_kills() > kills
     finally:
         monkeypatch.undo()
-        sandbox.memory_cgroup.cache_clear()
-        sandbox.memory_cgroup()  # the real limit again, for the graders after this test
+        sandbox_memory.memory_cgroup.cache_clear()
+        sandbox_memory.memory_cgroup()  # the real limit again, for the graders after this test
 
 
 @needs_sandbox
 def test_disk_counts_unlinked_files_and_a_tmpfs_counts_everything(tmp_path):
     folder = tmp_path / "store"
-    sandbox.own(folder)
+    sandbox_users.own(folder)
     box = sandbox.Sandbox(writable=(folder,), readable=())
     hold = (f"import os, time\nf = open({str(folder / 'held.bin')!r}, 'wb')\nf.write(b'0' * 32 * 2**20)\n"
             f"f.flush()\nos.unlink(f.name)\nprint('held', flush=True)\ntime.sleep(60)")
     proc = subprocess.Popen(box.command([sys.executable, "-c", hold]), stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"
-        assert sandbox.folder_bytes(folder) == 0
-        assert sandbox.disk_used((folder,)) >= 32 * 2**20
+        assert sandbox_disk.folder_bytes(folder) == 0
+        assert sandbox_disk.disk_used((folder,)) >= 32 * 2**20
     finally:
         proc.kill()
         proc.wait()
-        sandbox.kill_all()
+        sandbox_users.kill_all()
     disk = tmp_path / "disk"
-    why = sandbox.mount_disk(disk, 16 * 2**20)
+    why = sandbox_disk.mount_disk(disk, 16 * 2**20)
     if why:
         pytest.skip(f"no tmpfs can be mounted here ({why}): the watchdog counts files instead")
     try:
-        sandbox.own(disk / "w")
+        sandbox_users.own(disk / "w")
         box = sandbox.Sandbox(writable=(disk / "w",), readable=())
         fill = f"open({str(disk / 'w' / 'f')!r}, 'wb').write(b'0' * 32 * 2**20)"
         done = subprocess.run(box.command([sys.executable, "-c", fill]), capture_output=True, text=True, timeout=60)
         assert "No space left" in done.stderr
-        assert 15 * 2**20 < sandbox.disk_used((), disk) <= 16 * 2**20
+        assert 15 * 2**20 < sandbox_disk.disk_used((), disk) <= 16 * 2**20
     finally:
-        sandbox.unmount_below(disk)
-    assert not sandbox.is_mount(disk)
+        sandbox_disk.unmount_below(disk)
+    assert not sandbox_disk.is_mount(disk)
 
 
 # --- collect ------------------------------------------------------------------------------------
