@@ -18,7 +18,7 @@ import nbformat
 import pytest
 from traitlets.config import Config
 
-from autograder import boundary, course, kernel, sandbox, sandbox_users, submission
+from autograder import autograding, batch, boundary, course, kernel, sandbox, sandbox_users
 
 pytestmark = pytest.mark.skipif(sandbox.problem() is not None,
                                 reason=f"no grading sandbox here: {sandbox.problem()}")
@@ -29,7 +29,7 @@ def execute(tmp_path, *cells: str, timeout_s: int = 30, links: dict[str, str] | 
     """``cells`` run as a graded notebook's are (submission._grade_in's kernel settings), in a
     sandbox that writes only its run folder (where ``links`` are left: {name: target}); the
     notebook as run, its seconds, and what stopped it (nbgrader then fails that notebook alone)."""
-    dirs = submission.Folders(tmp_path / "work")
+    dirs = batch.Folders(tmp_path / "work")
     dirs.fresh("run", "cwd")
     for name, target in (links or {}).items():
         (dirs.run / name).symlink_to(target)
@@ -46,7 +46,7 @@ def execute(tmp_path, *cells: str, timeout_s: int = 30, links: dict[str, str] | 
     began, error = time.monotonic(), None
     try:
         with course.environment({"JUPYTER_PATH": str(dirs.jupyter), "JUPYTER_RUNTIME_DIR": str(dirs.run)}):
-            nb, _ = submission.BoundedExecute(config=config).preprocess(nb, {"metadata": {"path": str(dirs.cwd)}})
+            nb, _ = autograding.BoundedExecute(config=config).preprocess(nb, {"metadata": {"path": str(dirs.cwd)}})
     except Exception as err:
         error = err
     finally:

@@ -213,10 +213,10 @@ def test_student_ids_that_are_paths_are_refused(student):
 
 
 def test_a_student_id_never_names_a_folder_of_the_batch(tmp_path):
-    from autograder import submission
+    from autograder import batch
 
     for student in ("lib", "batch", "spec", "students"):
-        work = submission.Folders(tmp_path / "sandbox" / "students" / course.check_student_id(student)).work
+        work = batch.Folders(tmp_path / "sandbox" / "students" / course.check_student_id(student)).work
         assert (tmp_path / "sandbox" / "batch") not in (work, *work.parents)
         assert work.parent == tmp_path / "sandbox" / "students"
 
@@ -353,8 +353,8 @@ def test_carried_code_changed_after_its_check_is_noted_and_root_keeps_the_measur
     """A later notebook's kernel that rewrites (or removes) an earlier notebook's carried code in
     its results store changes nothing the judge takes (root's copy, kept when that notebook was
     judged), and the student is told; a link in its place is not followed."""
-    from autograder import deciding
-    from autograder.submission import Folders
+    from autograder import verdicts
+    from autograder.batch import Folders
 
     dirs = Folders(tmp_path / "work")
     (dirs.judged / "code").mkdir(parents=True)
@@ -362,16 +362,16 @@ def test_carried_code_changed_after_its_check_is_noted_and_root_keeps_the_measur
     measured = "def make_fast_loader(lab):\n    return 'measured'\n"
     (dirs.judged / "code" / "02.py").write_text(measured)
     (dirs.results / "code" / "02.py").write_text(measured)
-    assert deciding._changed_since_checked(dirs, "code/02.py") == ""
-    assert deciding._changed_since_checked(dirs, "code/03.py") == ""  # nothing judged yet: nothing to compare
+    assert verdicts._changed_since_checked(dirs, "code/02.py") == ""
+    assert verdicts._changed_since_checked(dirs, "code/03.py") == ""  # nothing judged yet: nothing to compare
     (dirs.results / "code" / "02.py").write_text(measured.replace("measured", "faster"))
-    note = deciding._changed_since_checked(dirs, "code/02.py")
+    note = verdicts._changed_since_checked(dirs, "code/02.py")
     assert "not the code notebook 02's checks measured" in note and "used the code they measured" in note
     (dirs.results / "code" / "02.py").unlink()
     (dirs.results / "code" / "02.py").symlink_to(dirs.judged / "code" / "02.py")  # the same bytes, through a link
-    assert "not the code" in deciding._changed_since_checked(dirs, "code/02.py")
+    assert "not the code" in verdicts._changed_since_checked(dirs, "code/02.py")
     (dirs.results / "code" / "02.py").unlink()
-    assert "removed" in deciding._changed_since_checked(dirs, "code/02.py")
+    assert "removed" in verdicts._changed_since_checked(dirs, "code/02.py")
     assert (dirs.judged / "code" / "02.py").read_text() == measured
 
 
