@@ -7,6 +7,7 @@ reports) with the course root, and prints. A CourseError prints its message and 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def _grade_on_slurm(args) -> int:
         options = slurm.Options(partition=args.partition, constraint=args.constraint, exclusive=args.exclusive,
                                 max_running=args.max_running, cpus_per_task=args.cpus_per_task, time=args.time,
                                 calibrate_runs=None if args.no_calibrate else args.calibrate_runs,
-                                timeout_s=args.timeout)
+                                timeout_s=args.timeout, carried=slurm.carried(os.environ))
         job = slurm.write(args.course, students, options, job)
         again = None
         scripts = sorted(p.name for p in job.iterdir() if p.suffix in (".sh", ".sbatch"))
@@ -143,8 +144,6 @@ def _grade_on_slurm(args) -> int:
 def cmd_grade_task(args) -> int:
     """``grade-task``: one grading task (Slurm's grade.sbatch and ``grade --jobs`` run it): one
     student, privately."""
-    import os
-
     from . import tasks
 
     if args.cores:  # before torch is imported: it sizes its thread pool to the cores it may use
