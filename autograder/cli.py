@@ -148,7 +148,9 @@ def cmd_grade_task(args) -> int:
 
     if args.cores:  # before torch is imported: it sizes its thread pool to the cores it may use
         os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
-    record = tasks.run_task(args.course, args.job, args.student, timeout_s=args.timeout)
+    record = tasks.run_task(args.course, args.job, args.student, timeout_s=args.timeout,
+                            gpus=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                            slurm={k: os.environ.get(k) for k in tasks.SLURM_IDS})
     print(f"{args.student}: {record['status']}" + (f" ({record['error']})" if record.get("error") else ""))
     return 0 if record["status"] == "graded" else 1
 
