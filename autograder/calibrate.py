@@ -3,7 +3,7 @@
 The reference solutions (the masters' solution cells, :mod:`autograder.reference`) are measured
 ``runs`` times as ``grade`` measures a student's: their carried code handed to each notebook's
 judge (or, where the judge does not decide, its verdict process), which drives it in a worker
-and times it from outside (:func:`autograder.deciding.run`, no sandbox: the code is the course's
+and times it from outside (:func:`autograder.verdicts.run`, no sandbox: the code is the course's
 own). Measured in one process instead, the bars were set on figures grading never sees (on class
 cpu-bf16 the reference's 02 speedup once read 3.4-4.3x there and 2.2-3.8x in the judge, until every
 process kept a steady heap, :func:`labsupport.measure.steady_heap`; 04's overhead still reads
@@ -75,7 +75,7 @@ def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only
     from labsupport import notebooks as registry
     from labsupport.paths import data_root
 
-    from . import deciding, reference, submission
+    from . import batch, reference, verdicts
     from .course import REPO_ROOT
 
     the = course.of(where)
@@ -88,7 +88,7 @@ def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only
     # 03's precision; 06's end-to-end composes 02's loader and 03's step): the kernel's store of a
     # submission's folders, and the grader's, where a judge looks for earlier notebooks' code.
     with tempfile.TemporaryDirectory(prefix="lab-calibrate-") as scratch:
-        dirs = submission.Folders(Path(scratch))
+        dirs = batch.Folders(Path(scratch))
         with course.environment({"LAB_RESULTS": str(dirs.results)}):
             reference.keep_all(course_root=the.root)
         shutil.copytree(dirs.results / "code", dirs.store / "code")
@@ -101,7 +101,7 @@ def measure(runs: int, where: course.Course | Path = course.COURSE_ROOT, *, only
                 # Each judge starts from nothing an earlier one kept (its checks, rungs, code): the
                 # earlier notebooks' code it needs is the reference's, in the grader's store.
                 shutil.rmtree(dirs.judged, ignore_errors=True)
-                verdict = deciding.run(number, dirs=dirs, since=0.0, settings=settings, box=None,
+                verdict = verdicts.run(number, dirs=dirs, since=0.0, settings=settings, box=None,
                                        pythonpath=REPO_ROOT, timeout_s=JUDGE_TIMEOUT_S)
                 for check in ids:
                     row = (verdict.get("checks") or {}).get(check)

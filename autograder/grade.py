@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import course, gradebook, release, sandbox, stopping
+from . import course, gradebook, release, sandbox_memory, stopping
 from .course import Course
 from .submission import NOT_GRADED, Batch, NotebookGrade, grade_student  # noqa: F401 (NotebookGrade: the batch's rows)
 
@@ -101,7 +101,7 @@ def grade(where: Course | Path = course.COURSE_ROOT, students: list[str] | None 
              f"WITHOUT a sandbox: {batch.box}. Students' code then runs with the grader's rights: "
              "grade as root with bubblewrap installed (apt-get install bubblewrap)"))
     if batch.box is None:
-        print(f"memory: {sandbox.memory_bytes() / 2**30:.1f} GiB per sandbox" if batch.memory is None else
+        print(f"memory: {sandbox_memory.memory_bytes() / 2**30:.1f} GiB per sandbox" if batch.memory is None else
               f"note: NO memory limit per sandbox ({batch.memory}); only the address-space limit applies")
     from labsupport.grading import cgroups
 

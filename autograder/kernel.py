@@ -37,7 +37,7 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Float
 
-from . import boundary, sandbox
+from . import boundary, sandbox, sandbox_users
 
 # The kernel's ipc "ports" (its socket files are <ip>-<port>), fixed: jupyter_client would
 # otherwise pick free ones by testing paths in the kernel's folder (os.path.exists).
@@ -109,7 +109,7 @@ class PinnedKernelManager(AsyncKernelManager):
     async def _pin(self) -> str:
         """Wait for the kernel's five sockets, hold them, and return the ``ip`` root connects to."""
         folder, stem = os.path.split(self._kernel_ip)
-        uid, deadline = sandbox.user(), time.monotonic() + self.startup_s
+        uid, deadline = sandbox_users.user(), time.monotonic() + self.startup_s
         held: dict[str, int] = {}
         self._held = []
         while len(held) < len(PORTS):

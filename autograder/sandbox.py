@@ -14,16 +14,21 @@ the unprivileged user ``nobody`` inside:
 - **Processes.** A new PID namespace: when the kernel ends, every process it started ends too.
   ``prlimit`` bounds processes (the sandbox user's count), file size, open files and, off CUDA,
   address space; ``timeout`` bounds the wall clock of each notebook.
-- **Memory and disk.** A memory cgroup per grader (:func:`memory_cgroup`: v2 where the machine
+- **Memory and disk.** A memory cgroup per grader (:mod:`.sandbox_memory`: v2 where the machine
   has it, else v1), which every sandboxed command joins before anything else; and per
-  submission a size-limited tmpfs (:func:`mount_disk`) holding all its writable folders, so the
+  submission a size-limited tmpfs (:mod:`.sandbox_disk`) holding all its writable folders, so the
   filesystem counts every byte, files unlinked while open included. Where either cannot be
   had, grade says so once: the address-space limit, and the watchdog's count of files plus the
-  unlinked ones its processes hold (:func:`disk_used`), remain.
+  unlinked ones its processes hold, remain.
 - **One user per grader.** Where graders share a node (a Slurm task per GPU, slurm.py and tasks.py), each one
-  claims its own sandbox user (:func:`user`): ``nobody`` for the first, then the unassigned ids
+  claims its own sandbox user (:mod:`.sandbox_users`): ``nobody`` for the first, then the unassigned ids
   from 65000 up. So one submission's fork storm spends its own process count, not its
-  neighbour's, and a grader kills only the processes it started itself (:func:`kill_all`).
+  neighbour's, and a grader kills only the processes it started itself.
+- **GPUs.** A grader's own GPUs' device files and the driver's libraries (:func:`gpu_device_files`,
+  :func:`driver_folders`); :func:`gpu_problem` checks that the sandbox sees what the grader sees.
+
+This module builds the command (:meth:`Sandbox.command`: ``timeout``, the memory cgroup,
+``prlimit``, ``bwrap`` with its mounts, ``setpriv``); the modules named above hold the rest.
 
 Why bubblewrap: one well-kept program sets up every namespace and mount above, unprivileged
 after setup, and it is one ``apt-get install bubblewrap`` (``make test`` installs it as root).
@@ -33,32 +38,21 @@ says so once at the start, and grades without a sandbox as before.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import os
 import re
-import signal
 import shlex
-import stat
 import shutil
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labsupport.grading import cgroups
 from labsupport.grading.cgroups import Group
 
-NOBODY = 65534  # the unprivileged user the sandboxed processes run as (the first grader's)
-# Further graders on the same machine: ids Debian reserves and never assigns (65000-65533), so no
-# real user's processes or files are ever theirs. A grader holds its id by a lock file.
-SPARE_USERS = range(65000, 65534)
-PR_SET_CHILD_SUBREAPER = 36  # prctl option (linux/prctl.h)
-USER_LOCKS = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
+from . import sandbox_memory
+from .sandbox_users import NOBODY, user
+
 # The sandbox user's processes and threads at once (the limit counts threads): OpenMP pools, up to
 # 32 Inductor compile workers and DataLoader workers each grow with the node's cores, so the
 # limit does too; a fork storm still stops there, its own user's only.
@@ -67,37 +61,8 @@ MAX_FILE_BYTES = 2 * 2**30  # one file (the results store holds traces of a few 
 MAX_OPEN_FILES = 4096
 MAX_ADDRESS_SPACE = 32 * 2**30  # off CUDA only: CUDA reserves far more address space than it uses
 TMP_BYTES = 2 * 2**30  # /tmp and HOME, in memory
-STORE_BYTES = 2 * 2**30  # what a submission may write to its folders on disk (the watchdog's quota)
 SYSTEM = ("/usr", "/etc", "/opt")  # bound read-only where they exist
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")  # usr-merged links, or binds
-
-
-@functools.cache
-def user() -> int:
-    """This grading process's sandbox user: ``nobody``, or the first spare id no other grader on
-    this machine holds. Held (by an exclusive lock on a file in USER_LOCKS) until the process
-    exits, so two graders sharing a node never run students' code as the same user.
-
-    Claiming it also makes this process the reaper of orphans below it (Linux's child
-    subreaper): what a sandbox leaves behind stays where :func:`kill_all` looks.
-    """
-    if sys.platform == "linux":
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    for uid in (NOBODY, *SPARE_USERS):
-        handle = open(USER_LOCKS / f"lab-sandbox-user-{uid}.lock", "a")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        _HELD.append(handle)  # the lock lasts as long as this process
-        return uid
-    raise RuntimeError(f"every sandbox user id is held by another grader on this machine ({USER_LOCKS})")
-
-
-_HELD: list = []
 
 
 def problem() -> str | None:
@@ -137,7 +102,7 @@ class Sandbox:
     env: dict[str, str] = field(default_factory=dict)  # set inside (HOME and TMPDIR are always set)
     budget_s: float | None = None  # wall clock of one command (timeout), None for none
     mounts: tuple[tuple[Path, Path], ...] = ()  # (folder, where it appears): read-write, elsewhere
-    group: Path | None = None  # a cgroup v2 group (:func:`group_path`) the command joins, after the memory one
+    group: Path | None = None  # a cgroup v2 group (:func:`.sandbox_memory.group_path`) the command joins, after the memory one
 
     def command(self, argv: list[str], *, cwd: Path | None = None, before: str = "",
                 log: Path | None = None) -> list[str]:
@@ -170,7 +135,7 @@ class Sandbox:
 
         # /dev/shm carries DataLoader workers' batches (about 150 MiB each at a large GPU profile,
         # times workers times prefetch): a quarter of the sandbox's memory, 2 GiB at least.
-        shm = max(TMP_BYTES, memory_bytes() // 4)
+        shm = max(TMP_BYTES, sandbox_memory.memory_bytes() // 4)
         mounts += ["--dev", "/dev", "--perms", "1777", "--size", str(shm), "--tmpfs", "/dev/shm",
                    "--proc", "/proc", "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
         python = {Path(sys.base_prefix).resolve(), Path(sys.prefix)}
@@ -201,7 +166,7 @@ class Sandbox:
                  f"exec setpriv --reuid={uid} --regid={uid} --clear-groups --inh-caps=-all -- "
                  f"sh -c {shlex.quote(inner)} sandboxed " + '"$@"', "sandboxed"]
         wall = ["timeout", "--kill-after=10", f"{max(1, int(self.budget_s))}"] if self.budget_s else []
-        procs, _ = memory_cgroup()
+        procs, _ = sandbox_memory.memory_cgroup()
         # As root, before anything else: the command and all it starts count against the limit.
         join = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs)] if procs else []
         if self.group is not None:  # after the memory one: on a unified machine the group lies below it
@@ -321,362 +286,3 @@ def gpu_problem(box: "Sandbox") -> str | None:
             f"students would be graded on a CPU as a GPU. The sandbox binds {', '.join(SYSTEM)}, Python, and "
             f"the driver's library folders found ({', '.join(map(str, driver_folders())) or 'none outside those'}); "
             "bind the folder that holds libcuda.so in autograder/sandbox.py's SYSTEM.")
-
-
-def own(*paths: Path) -> None:
-    """Give ``paths`` (folders, recursively) to the sandbox user, so it can write there.
-
-    Only for what root itself just made or copied, before any sandboxed process could reach it:
-    after one has run in a folder, root never walks, chowns or writes it by path again (the
-    process could have put links there). Every link met is left alone, not followed.
-    """
-    uid = user()
-    for path in paths:
-        path.mkdir(parents=True, exist_ok=True)
-        for root, dirs, files in os.walk(path):
-            os.chown(root, uid, uid, follow_symlinks=False)
-            for name in files:
-                os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
-
-
-def kill_all(wait_s: float = 10.0) -> None:
-    """Kill every process of this grader's sandbox user that this grader started, however deep,
-    and reap those left to it, so that none still counts against the user's process limit when
-    the next notebook or verdict process starts.
-
-    Not every process of the user: another grader on the node (or the system's own ``nobody``)
-    is none of ours. A process the sandbox started stays below this one: it cannot leave the
-    sandbox's PID namespace, and where a sandbox's own first process is killed first, its orphans
-    come to this process (:func:`user` makes it their reaper), not to the machine's init.
-    Repeated while it finds any, since a fork storm adds processes while they are killed.
-    First, each group :func:`track` names (a submission's) is killed as a whole (``cgroup.kill``:
-    its forks cannot escape it as they can a pid walk); last, the sandboxes' zombies are reaped
-    (:func:`reap`).
-    """
-    uid, me = user(), os.getpid()
-    deadline = time.monotonic() + wait_s
-    for group in _GROUPS:  # by cgroup first: a group's forks cannot escape it, as they can a pid walk
-        Group(group).kill(wait_s=min(wait_s, cgroups.WAIT_S))
-    while True:
-        table = _processes()
-        ours = [pid for pid in _descendants(me, table) if _real_uid(pid) == uid]
-        for pid in ours:
-            if table[pid][1] != "Z":
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            elif table[pid][0] == me:  # a zombie left to us: reap it, or it keeps its slot
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-        if not ours or time.monotonic() > deadline:
-            reap()
-            return
-        time.sleep(0.05)
-
-
-# The cgroup v2 groups of this grader's sandboxes (:func:`track`), which :func:`kill_all` ends as a whole.
-_GROUPS: list[Path] = []
-
-
-def track(group: Path) -> None:
-    """Have :func:`kill_all` end every process of ``group`` (a submission's, :func:`group_path`) too."""
-    if Path(group) not in _GROUPS:
-        _GROUPS.append(Path(group))
-
-
-def untrack(group: Path) -> None:
-    with contextlib.suppress(ValueError):
-        _GROUPS.remove(Path(group))
-
-
-def reap() -> int:
-    """Reap the sandboxes' first processes left to this grader, and return how many.
-
-    bwrap forks the sandbox's init (pid 1 of its own PID namespace, a session of its own); when
-    the outer bwrap ends first (killed, or its ``timeout`` was), that init comes to this process
-    (:func:`user` made it their subreaper) and, once ended, stays a zombie (``[bwrap] <defunct>``,
-    3-4 per notebook) until the grader exits. Only zombies this process did not start are reaped:
-    one that lived in another PID namespace, or a bwrap that is not its session's leader; a child
-    the grader started (subprocess's, jupyter_client's) is in this namespace and leads its session,
-    and is left to whoever waits for it.
-    """
-    me, reaped = os.getpid(), 0
-    for pid, (ppid, state) in _processes().items():
-        if ppid != me or state != "Z":
-            continue
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-            session = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[3])
-        except (OSError, ValueError, IndexError):
-            continue
-        foreign = len(fields.get("NSpid", "").split()) > 1
-        if foreign or (fields.get("Name", "").strip() == "bwrap" and session != pid):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-                reaped += 1
-    return reaped
-
-
-def _processes() -> dict[int, tuple[int, str]]:
-    """``{pid: (parent pid, state)}`` of every process, from /proc."""
-    table = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    # pid (comm) state ppid ...: comm may hold spaces and parentheses
-                    state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
-                table[int(entry.name)] = (int(ppid), state)
-            except (OSError, ValueError, IndexError):
-                continue
-    return table
-
-
-def _descendants(root: int, table: dict[int, tuple[int, str]]) -> list[int]:
-    """The processes below ``root`` (children, theirs, ...) in ``table``."""
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _real_uid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return int(next(line for line in f if line.startswith("Uid:")).split()[1])
-    except (OSError, StopIteration, ValueError):
-        return None
-
-
-# --- memory: a cgroup per grader ---------------------------------------------------------------
-
-MEMORY_SHARE = 0.75  # of the machine's memory, times the share of its cores this grader may use
-
-
-def memory_bytes() -> int:
-    """The memory limit of one sandbox: MEMORY_SHARE of the machine's, times this grader's share
-    of the cores (``--jobs`` and Slurm pin each grader to its own cores, so graders sharing a
-    node split its memory as they split its cores)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    share = len(os.sched_getaffinity(0)) / (os.cpu_count() or 1)
-    return int(total * MEMORY_SHARE * min(1.0, share))
-
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-@functools.cache
-def memory_cgroup() -> tuple[Path | None, str | None]:
-    """``(cgroup.procs of this grader's memory cgroup, None)``, or ``(None, why there is none)``.
-
-    One cgroup per sandbox user (so per grader), limited to :func:`memory_bytes` with no swap,
-    made once and joined by every command of that grader's sandboxes: cgroup v2 where the
-    machine has it (``memory.max``), else v1's memory controller (``memory.limit_in_bytes``).
-    """
-    if sys.platform != "linux" or os.geteuid() != 0:
-        return None, "memory cgroups need Linux and root"
-    limit, name = memory_bytes(), f"lab-sandbox-{user()}"
-    try:
-        if (CGROUP_ROOT / "cgroup.controllers").is_file():  # v2, unified
-            if "memory" not in (CGROUP_ROOT / "cgroup.subtree_control").read_text().split():
-                (CGROUP_ROOT / "cgroup.subtree_control").write_text("+memory")
-            group = CGROUP_ROOT / name
-            group.mkdir(exist_ok=True)
-            (group / "memory.max").write_text(str(limit))
-            if (group / "memory.swap.max").exists():
-                (group / "memory.swap.max").write_text("0")
-        elif (CGROUP_ROOT / "memory" / "memory.limit_in_bytes").is_file():  # v1
-            group = CGROUP_ROOT / "memory" / name
-            group.mkdir(exist_ok=True)
-            swap = group / "memory.memsw.limit_in_bytes"  # memory and swap: never below memory alone
-            if swap.exists():
-                with contextlib.suppress(OSError):  # raising both: swap first; lowering: memory first
-                    swap.write_text(str(limit))
-            (group / "memory.limit_in_bytes").write_text(str(limit))
-            if swap.exists():
-                swap.write_text(str(limit))
-        else:
-            return None, f"no memory cgroup controller under {CGROUP_ROOT}"
-    except OSError as err:
-        return None, f"could not make a memory cgroup under {CGROUP_ROOT} ({err.strerror})"
-    return group / "cgroup.procs", None
-
-
-def group_path(name: str) -> Path:
-    """Where this grader's cgroup v2 group ``name`` lies (:mod:`labsupport.grading.cgroups`; make it
-    with ``Group.make``): below this grader's memory cgroup where the machine is unified, so its
-    processes still count against the memory limit; else in the v2 hierarchy beside v1's."""
-    procs, _ = memory_cgroup()
-    if procs is not None and cgroups.unified():
-        return procs.parent / name
-    where = cgroups.mount()
-    if where is None:
-        raise cgroups.CgroupError(cgroups.problem() or "no cgroup v2 hierarchy")
-    return where / f"lab-sandbox-{user()}" / name
-
-
-def memory_kills() -> int:
-    """How many processes the memory limit has killed in this grader's cgroup so far."""
-    procs, _ = memory_cgroup()
-    if procs is None:
-        return 0
-    for name in ("memory.events", "memory.oom_control"):  # v2, v1
-        try:
-            for line in (procs.parent / name).read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except OSError:
-            continue
-    return 0
-
-
-class MemoryPeak:
-    """The peak memory of this grader's sandboxes from now (one notebook: its kernel, then its
-    verdict process or judge's workers) until :meth:`read`. The memory cgroup's own high-water
-    mark, reset here: v1's ``memory.max_usage_in_bytes`` (reset by writing 0), v2's ``memory.peak``
-    (reset for the file descriptor that writes to it, Linux 6.12; before that, since the cgroup was
-    made). It counts what the kernel charges the sandboxes: their processes' memory, and the pages
-    of their tmpfs folders.
-    """
-
-    def __init__(self):
-        self._handle = None
-        procs, _ = memory_cgroup()
-        if procs is None:
-            return
-        for name, reset in (("memory.peak", "reset"), ("memory.max_usage_in_bytes", "0")):
-            try:
-                self._handle = open(procs.parent / name, "r+")
-            except OSError:
-                continue
-            with contextlib.suppress(OSError):
-                self._handle.write(reset)
-                self._handle.flush()
-            return
-
-    def read(self) -> int | None:
-        """The peak in bytes since this was made (None where there is no memory cgroup); closes it."""
-        if self._handle is None:
-            return None
-        try:
-            self._handle.seek(0)
-            return int(self._handle.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        finally:
-            self._handle.close()
-            self._handle = None
-
-
-# --- disk: a size-limited filesystem per submission --------------------------------------------
-
-def mount_disk(folder: Path, size: int) -> str | None:
-    """Mount a ``size``-byte tmpfs on ``folder`` (root's, mode 755), where each submission's
-    writable folders are made: the filesystem counts every byte they hold, files unlinked while
-    open included, and the submission's disk goes when it is unmounted. Returns why not (None
-    when mounted): then the watchdog counts files instead."""
-    folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755,uid=0,gid=0,nosuid,nodev",
-                           "lab-submission", str(folder)], capture_output=True, text=True)
-    return None if done.returncode == 0 else (done.stderr.strip() or f"mount exited {done.returncode}")
-
-
-def unmount_below(folder: Path) -> None:
-    """Unmount every mount at or below ``folder`` (lazily: a process still holding it cannot keep
-    it), deepest first; a grader that crashed leaves its submission's tmpfs behind."""
-    folder = str(Path(folder).resolve())
-    points = []
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                point = line.split()[4].encode().decode("unicode_escape")
-                if point == folder or point.startswith(folder + "/"):
-                    points.append(point)
-    except OSError:
-        return
-    for point in sorted(points, key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True)
-
-
-def is_mount(folder: Path) -> bool:
-    return os.path.ismount(folder)
-
-
-def unlinked_open_bytes() -> int:
-    """Bytes held by files this grader's sandboxed processes have open but unlinked: on disk, yet
-    in no folder a walk can find."""
-    uid, seen, total = user(), set(), 0
-    for pid in _descendants(os.getpid(), _processes()):
-        if _real_uid(pid) != uid:
-            continue
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                info = os.stat(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if info.st_nlink == 0 and (info.st_dev, info.st_ino) not in seen and stat.S_ISREG(info.st_mode):
-                seen.add((info.st_dev, info.st_ino))
-                total += info.st_size
-    return total
-
-
-def disk_used(folders: tuple[Path, ...], disk: Path | None = None) -> int:
-    """A submission's disk use: its tmpfs's own count where it has one, else the files in its
-    folders plus the unlinked ones its processes hold open."""
-    if disk is not None and is_mount(disk):
-        fs = os.statvfs(disk)
-        return (fs.f_blocks - fs.f_bfree) * fs.f_frsize
-    return folder_bytes(*folders) + unlinked_open_bytes()
-
-
-def folder_bytes(*paths: Path) -> int:
-    """Bytes in the files below ``paths`` (the watchdog's measure of a submission's disk use)."""
-    total = 0
-    for path in paths:
-        for root, _, files in os.walk(path):
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(root, name)).st_size
-                except OSError:
-                    pass
-    return total
-
-
-@contextlib.contextmanager
-def watchdog(folders: tuple[Path, ...], *, enabled: bool = True, every_s: float = 1.0,
-             disk: Path | None = None):
-    """Watch the disk a submission writes to while its notebook runs; past STORE_BYTES, kill it.
-
-    Measures with :func:`disk_used` (the submission's tmpfs ``disk`` where it has one). Yields an
-    object whose ``tripped`` says whether it had to. (The per-file limit alone would let a
-    notebook write many files; /tmp and HOME are size-limited tmpfs and need no watching.)
-    """
-    state = type("Watch", (), {"tripped": False})()
-    stop = threading.Event()
-
-    def watch():
-        while not stop.wait(every_s):
-            reap()
-            if disk_used(folders, disk) > STORE_BYTES:
-                state.tripped = True
-                kill_all()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    if enabled:
-        thread.start()
-    try:
-        yield state
-    finally:
-        stop.set()
-        if enabled:
-            thread.join()

@@ -29,19 +29,19 @@ left no result. ``grade --backend slurm --rerun --submit`` regrades exactly thos
 from __future__ import annotations
 
 import datetime as dt
-import os
 import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import course, tasks
 
 JOB_DIR = "slurm"  # in the course root
 # The environment a task inherits from the instructor's shell at writing time and must keep: the
-# lab's settings, and the CPU kind a run may simulate. Written into the scripts as exports.
+# lab's settings, and the CPU kind a run may simulate. Written into the scripts as exports
+# (Options.carried: the command line reads them, :func:`carried`).
 CARRIED_ENV = ("LAB_PROFILE", "LAB_DATA", "LAB_CALIBRATION", "LAB_THRESHOLDS", "LAB_DEVICE",
                "ONEDNN_MAX_CPU_ISA")
 
@@ -58,6 +58,7 @@ class Options:
     time: str = "03:00:00"  # per task; a submission takes minutes, a hostile one its budgets
     calibrate_runs: int | None = 3  # None: keep the course's calibration, submit no calibration job
     timeout_s: int | None = None  # grade's per-cell limit (default: the device class's)
+    carried: dict[str, str] = field(default_factory=dict)  # CARRIED_ENV's values, exported by every script
 
     def resources(self) -> list[str]:
         """The ``#SBATCH`` options that pick the machine, shared by the calibration and the array."""
@@ -66,6 +67,11 @@ class Options:
         lines += [f"--partition={self.partition}"] if self.partition else []
         lines += [f"--constraint={self.constraint}"] if self.constraint else []
         return lines
+
+
+def carried(environ) -> dict[str, str]:
+    """What of ``environ`` (the command line's ``os.environ``) every task must keep: CARRIED_ENV's set values."""
+    return {k: environ[k] for k in CARRIED_ENV if environ.get(k)}
 
 
 def job_dir(where: course.Course | Path) -> Path:
@@ -88,7 +94,7 @@ def write(where: course.Course | Path, students: list[str], options: Options, jo
     python = Path(sys.executable)
     run = [str(python), "-m", "autograder", "--course", str(the.root)]
     when = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
-    exports = [f"export {k}={shlex.quote(os.environ[k])}" for k in CARRIED_ENV if os.environ.get(k)]
+    exports = [f"export {k}={shlex.quote(v)}" for k, v in options.carried.items() if k in CARRIED_ENV and v]
     head = ["#!/bin/bash"]
     preamble = ["set -euo pipefail", f"cd {shlex.quote(str(course.REPO_ROOT))}", *exports]
 

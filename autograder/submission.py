@@ -6,11 +6,11 @@
 1. Look for edited read-only cells (test cells, the graded-checks cell, the setup cell) by
    comparing them with the gradebook's record of the release. nbgrader restores them before it
    runs anything; the change is reported in the summary.
-2. nbgrader's autograde runs the notebook, its kernel in the submission's sandbox
-   (:mod:`.sandbox`: no network, no view of the course, the gradebook or other students,
+2. nbgrader's autograde runs the notebook (:mod:`.autograding`), its kernel in the submission's
+   sandbox (:mod:`.sandbox`: no network, no view of the course, the gradebook or other students,
    bounded processes, disk, output and wall clock).
-3. The judge re-runs its graded checks (:mod:`.deciding`), driving the student's code in a
-   worker of its own, and the gradebook records the verdicts. The judge measures each rung of the
+3. The judge re-runs its graded checks (:mod:`.verdicts`), driving the student's code in a
+   worker of its own; root decides each check (:mod:`.deciding`) and the gradebook records it. The judge measures each rung of the
    ladder into the grader's results store, which 06's checks read: what 06 grades is what the
    grader measured for 01-05 of the same submission, minutes earlier.
 
@@ -19,11 +19,11 @@ credit nobody gave, a score above its maximum are put back), the feedback is gen
 the grader keeps (the results store, the exported report) is copied out through
 :mod:`.boundary` (root follows no link a sandbox left). The submission's own folders,
 ``sandbox/students/<student>/`` (a size-limited tmpfs where it can be mounted), are removed.
+What every submission of a batch shares, and where its folders lie: :mod:`.batch`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -33,15 +33,17 @@ from pathlib import Path
 import nbformat
 
 from nbgrader.preprocessors import Execute, SaveAutoGrades
-from traitlets import Bool, List
 
 from labsupport.grading import MEASURED_BY_THE_GRADER, cgroups
 
-from . import boundary, course, deciding, gradebook, kernel, sandbox, skipping, stopping
+from . import (boundary, course, deciding, gradebook, kernel, sandbox, sandbox_disk, sandbox_memory, sandbox_users,
+               skipping, stopping, verdicts)
+from .autograding import BoundedExecute, WithheldAutoGrades, cell_errors
+from .batch import Batch, Folders
 from .course import Course
 
-# Cell outputs that mean nbgrader interrupted a cell at its time limit.
-_TIMEOUT_ENAMES = {"CellTimeoutError", "KeyboardInterrupt"}
+# A submission's tmpfs: its disk quota (the watchdog stops it there) and room to be stopped in.
+DISK_HEADROOM = 1.25
 
 
 @dataclass
@@ -68,21 +70,6 @@ class NotebookGrade:
 
 # A notebook the grader had not decided when the batch was stopped: 0 points, graded again by the next `grade`.
 NOT_GRADED = "not graded"
-
-
-def _cell_errors(autograded: Path) -> tuple[list[str], bool]:
-    """Error outputs of an autograded notebook, and whether a cell hit the time limit."""
-    if not autograded.exists():
-        return [], False
-    nb = nbformat.read(autograded, as_version=4)
-    errors, timed_out = [], False
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                name = cell.metadata.get("nbgrader", {}).get("grade_id") or cell.get("id")
-                errors.append(f"{name}: {out.get('ename')}: {str(out.get('evalue'))[:200]}")
-                timed_out |= out.get("ename") in _TIMEOUT_ENAMES
-    return errors, timed_out
 
 
 def _skipped(path: Path, skips: tuple[set[str], set[str]] | None) -> set[str]:
@@ -112,173 +99,6 @@ def _give_rungs(dirs: Folders, owner: int | None) -> None:
                 pass  # the kernel left a folder of that name: its own ladder misses the rung
 
 
-class WithheldAutoGrades(SaveAutoGrades):
-    """nbgrader's SaveAutoGrades, recording 0 for the test cells the grader decides (``withheld``).
-
-    Under ``grade`` the kernel measures nothing: its check cells say "n/a, decided by the grader",
-    which nbgrader would count as passed. Only the judge's verdict (:func:`deciding.record`) gives
-    those points; until it has, the gradebook holds 0, in the same commit as nbgrader's own
-    record of the cell, so a batch stopped between the kernel and the judge leaves no mark the
-    grader did not decide (a stopped batch once left an untouched release at 10/10 for 01).
-    """
-
-    withheld = List(help="grade ids of the test cells the grader decides").tag(config=True)
-
-    def _add_score(self, cell, resources):
-        if cell.metadata["nbgrader"]["grade_id"] not in self.withheld:
-            return super()._add_score(cell, resources)
-        grade = self.gradebook.find_grade(cell.metadata["nbgrader"]["grade_id"], self.notebook_id,
-                                          self.assignment_id, self.student_id)
-        grade.auto_score = 0.0
-        grade.needs_manual_grade = grade.manual_score is not None  # as nbgrader decides it
-        self.gradebook.db.commit()
-
-
-class BoundedExecute(Execute):
-    """nbgrader's Execute, keeping at most ``max_output_bytes`` of a notebook's outputs.
-
-    nbgrader's LimitOutput caps lines after the run; a flood of long lines (or one line) would
-    still fill the notebook, the feedback and the grader's memory. Outputs beyond the cap are
-    dropped as they arrive, with one line saying so.
-    """
-
-    max_output_bytes = 8 * 2**20
-    skipped = List(help="ids of the cells left out of this run (skipping.to_skip), shown as skipping.WHY").tag(config=True)
-    pinned_channels = Bool(False, help="the kernel is sandboxed: reach its channels through root's "
-                                       "descriptors (kernel.PinnedKernelManager)").tag(config=True)
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        # Here, not by config: nbgrader's Execute passes its kernel manager class as an argument,
-        # which outranks the config.
-        if self.pinned_channels:
-            self.kernel_manager_class = kernel.PinnedKernelManager
-
-    def preprocess_cell(self, cell, resources, index):
-        if cell.cell_type == "code" and cell.get("id") in self.skipped:
-            self._check_assign_resources(resources)
-            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"[{skipping.WHY}]\n")]
-            cell.execution_count = None
-            return cell, self.resources
-        return super().preprocess_cell(cell, resources, index)
-
-    def output(self, outs, msg, display_id, cell_index):
-        used = getattr(self, "_output_bytes", 0)
-        size = len(json.dumps(msg.get("content", {}), default=str))
-        self._output_bytes = used + size
-        if self._output_bytes <= self.max_output_bytes:
-            return super().output(outs, msg, display_id, cell_index)
-        left = self.max_output_bytes - used
-        if msg["msg_type"] == "stream" and left > 0:  # keep the beginning of the text that overflows
-            msg["content"]["text"] = msg["content"]["text"][:left]
-            super().output(outs, msg, display_id, cell_index)
-        if not getattr(self, "_truncated", False):
-            self._truncated = True
-            outs.append(nbformat.v4.new_output("stream", name="stderr", text=(
-                f"... output truncated by the grader: the notebook printed more than "
-                f"{self.max_output_bytes // 2**20} MiB ...\n")))
-        return None
-
-
-@dataclass
-class Batch:
-    """What every submission of one grading batch shares: sandbox, verdict settings, budgets.
-
-    On disk, in the course root's ``sandbox/``: ``batch/`` holds the batch's own read-only files
-    (the copy of labsupport the sandboxes import, the thresholds and calibration), and
-    ``students/<student>/`` each submission's folders, so no student id can name the batch's.
-    """
-
-    course: Course
-    timeout_s: int  # per cell
-    notebook_budget_s: float  # wall clock of one notebook's kernel, and of its verdict process
-    submission_budget_s: float  # wall clock of all of one submission's kernels and verdicts
-    box: str | None  # why there is no sandbox (None: there is one)
-    lib: Path  # the read-only copy of labsupport the sandboxes import
-    settings: dict[str, str]  # the verdict spec's profile, thresholds, calibration, data
-    cells: dict[str, dict[str, list[str]]]  # {notebook: {test cell: [check ids]}}
-    skips: dict[str, tuple[set[str], set[str]]] = field(default_factory=dict)  # skipping.from_masters
-    machine: object = None  # labsupport.hardware.Machine: the grader's own view of this machine
-    memory: str | None = None  # why the sandboxes have no memory limit (None: they have one)
-    disk: str | None = None  # why a submission's disk is counted by the watchdog, not a filesystem
-
-    @classmethod
-    def prepare(cls, where: Course | Path, timeout_s: int) -> "Batch":
-        import labsupport
-        from labsupport import dataset, grading, hardware
-        from labsupport.paths import data_root
-
-        the = course.of(where)
-        dataset.ensure(progress=False)  # read-only in the sandboxes: it must be there before they start
-        work = the.root / "sandbox"
-        sandbox.unmount_below(work)  # what a grader that crashed left mounted
-        shutil.rmtree(work, ignore_errors=True)
-        lib = work / "batch" / "lib"
-        shutil.copytree(Path(labsupport.__file__).parent, lib / "labsupport",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        spec = work / "batch" / "spec"
-        spec.mkdir(parents=True)
-        thresholds = spec / "thresholds.toml"
-        shutil.copyfile(grading.thresholds_path(), thresholds)
-        calibration = the.calibration
-        if calibration.is_file():
-            shutil.copyfile(calibration, spec / "calibration.toml")
-        for path in [work, *work.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        settings = {"profile": os.environ.get("LAB_PROFILE", ""), "thresholds": str(thresholds),
-                    "calibration": str(spec / "calibration.toml") if calibration.is_file() else None,
-                    "data": str(data_root().resolve())}
-        box = sandbox.problem()
-        memory = box or sandbox.memory_cgroup()[1]
-        gpu = None if box else sandbox.gpu_problem(sandbox.Sandbox(writable=(), readable=(lib, Path(settings["data"])),
-                                                                   env={"PYTHONPATH": str(lib)}))
-        if gpu:
-            raise course.CourseError(gpu)
-        return cls(the, timeout_s, NOTEBOOK_BUDGET_CELLS * timeout_s, SUBMISSION_BUDGET_CELLS * timeout_s,
-                   box, lib, settings, deciding.checks_by_cell(the), skipping.from_masters(the),
-                   machine=hardware.describe_machine(hardware.pick_device()), memory=memory)
-
-
-# A notebook's kernel may run for this many cell time limits in all (the pre_run_cell hook that
-# sleeps just under the cell limit in every cell ends there); its verdict process for as many.
-NOTEBOOK_BUDGET_CELLS = 4
-# All of one submission's kernels and verdict processes together: on class cpu (900 s cells) 90
-# minutes, on a GPU 60, where the reference takes about a tenth of that.
-SUBMISSION_BUDGET_CELLS = 6
-# A submission's tmpfs: its disk quota (the watchdog stops it there) and room to be stopped in.
-DISK_HEADROOM = 1.25
-
-
-@dataclass
-class Folders:
-    """One submission's folders, all in ``work`` (root's: no sandboxed process can rename or
-    replace anything in it, only write inside the folders below that it was given)."""
-
-    work: Path
-
-    def __getattr__(self, name):
-        kinds = {"results": "the kernel's results store", "run": "the kernel's Jupyter runtime folder",
-                 "cwd": "the kernel's working folder", "report": "the HTML the kernel's 06 exports",
-                 "inductor": "torch.compile's cache (kernels and verdict processes)",
-                 "store": "the grader's results store (verdict processes)", "outbox": "verdicts",
-                 "inputs": "what root hands a verdict process (root's, read-only)",
-                 "judged": "what the judge keeps for later notebooks: checks, rungs, code (root's)",
-                 "jupyter": "the kernel spec (root's)",
-                 "connection": "the kernel's connection file (root's, mode 700: read-only in the sandbox, "
-                               "where only its root, before dropping to nobody, reads it)"}
-        if name not in kinds:
-            raise AttributeError(name)
-        return self.work / name
-
-    def fresh(self, *names: str, owned: bool = True) -> None:
-        """Make ``names`` empty again: removed (without following links) and made anew, given to
-        the sandbox user where ``owned``. Safe at any time, since ``work`` is root's."""
-        for name in names:
-            path = getattr(self, name)
-            shutil.rmtree(path, ignore_errors=True)
-            path.mkdir(parents=True)
-            if owned:
-                sandbox.own(path)
 
 
 def grade_student(where: Course | Path, student: str, *, timeout_s: int,
@@ -301,7 +121,7 @@ def grade_student(where: Course | Path, student: str, *, timeout_s: int,
     names = course.lab_order(p.stem for p in course.graded_masters(the.root))
     kept = the.results(student)  # the grader's measurements, copied out at the end
     dirs = Folders(batch.course.root / "sandbox" / "students" / student)
-    sandbox.unmount_below(dirs.work)
+    sandbox_disk.unmount_below(dirs.work)
     for path in (kept, dirs.work, the.verdicts(student)):
         shutil.rmtree(path, ignore_errors=True)
     deadline = time.monotonic() + batch.submission_budget_s
@@ -332,7 +152,7 @@ def grade_student(where: Course | Path, student: str, *, timeout_s: int,
         raise
     finally:
         _end(group, batch)
-        sandbox.unmount_below(dirs.work)
+        sandbox_disk.unmount_below(dirs.work)
         shutil.rmtree(dirs.work, ignore_errors=True)
     scores = gradebook.notebook_scores(the, student)
     for g in grades:
@@ -345,18 +165,18 @@ def grade_student(where: Course | Path, student: str, *, timeout_s: int,
 
 def _submission_group(batch: Batch) -> cgroups.Group | None:
     """The cgroup v2 group every sandbox of the submission runs in (its kernels and verdict
-    processes; :func:`sandbox.kill_all` ends it as a whole): made empty, below this grader's
-    (:func:`sandbox.group_path`); None without a sandbox, or where no group can be made (then the
-    pid walk of :func:`sandbox.kill_all` alone ends them)."""
+    processes; :func:`sandbox_users.kill_all` ends it as a whole): made empty, below this grader's
+    (:func:`sandbox_memory.group_path`); None without a sandbox, or where no group can be made (then the
+    pid walk of :func:`sandbox_users.kill_all` alone ends them)."""
     if batch.box is not None or cgroups.problem():
         return None
     try:
-        group = cgroups.Group(sandbox.group_path("submission"))
+        group = cgroups.Group(sandbox_memory.group_path("submission"))
         group.remove()  # what a grader that was killed outright left in it
         group = cgroups.Group.make(group.path)
     except (cgroups.CgroupError, OSError):
         return None
-    sandbox.track(group.path)
+    sandbox_users.track(group.path)
     return group
 
 
@@ -364,10 +184,10 @@ def _end(group: cgroups.Group | None, batch: Batch) -> None:
     """End every process of the submission's sandboxes (its group by ``cgroup.kill``, then what
     the pid walk finds), reap them, and remove its group."""
     if batch.box is None:
-        sandbox.kill_all()
+        sandbox_users.kill_all()
     if group is not None:
         group.remove()
-        sandbox.untrack(group.path)
+        sandbox_users.untrack(group.path)
 
 
 def _stopped(the: Course, student: str, batch: Batch, names: list[str], grades: list[NotebookGrade],
@@ -403,7 +223,7 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
     sandboxed = batch.box is None
     dirs.work.mkdir(parents=True)
     if sandboxed and batch.disk is None:
-        why = sandbox.mount_disk(dirs.work, int(sandbox.STORE_BYTES * DISK_HEADROOM))
+        why = sandbox_disk.mount_disk(dirs.work, int(sandbox_disk.STORE_BYTES * DISK_HEADROOM))
         if why:  # said once for the batch: the watchdog counts files instead
             batch.disk = f"no size-limited filesystem per submission ({why})"
             print(f"note: {batch.disk}; the watchdog counts each submission's files instead")
@@ -413,7 +233,7 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
     dirs.connection.chmod(0o700)
     shutil.copytree(folder, dirs.cwd)  # the kernel's working folder: the submission as handed in
     if sandboxed:
-        sandbox.own(dirs.cwd)
+        sandbox_users.own(dirs.cwd)
     kernel_report = dirs.report / "report.html"
     autograded = the.autograded(student)
     env = {"LAB_RESULTS": str(dirs.results), "LAB_REPORT": str(kernel_report),
@@ -460,7 +280,7 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
                             Execute__shutdown_kernel="immediate",
                             BoundedExecute__skipped=sorted(_skipped(path, batch.skips.get(name))))
             dirs.fresh("run", owned=sandboxed)  # what the last kernel left there is gone
-            _give_rungs(dirs, sandbox.user() if sandboxed else None)
+            _give_rungs(dirs, sandbox_users.user() if sandboxed else None)
             if box is not None:
                 kernel.spec(dirs.jupyter, replace(box, budget_s=min(batch.notebook_budget_s, left)),
                             dirs.run / "kernel.log")
@@ -475,25 +295,25 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
                 BoundedExecute if pp is Execute or getattr(pp, "replaced_by_the_grader", False) else
                 WithheldAutoGrades if pp is SaveAutoGrades else pp for pp in app.autograde_preprocessors]
             started, since = time.perf_counter(), time.time()
-            kills = sandbox.memory_kills()
-            memory = sandbox.MemoryPeak()
-            with sandbox.watchdog(written, enabled=sandboxed, disk=disk) as dog:
+            kills = sandbox_memory.memory_kills()
+            memory = sandbox_memory.MemoryPeak()
+            with sandbox_disk.watchdog(written, enabled=sandboxed, disk=disk) as dog:
                 outcome = gradebook.run(app)
             if sandboxed:
-                sandbox.kill_all()  # nothing the notebook started outlives it (its group, then the pid walk)
+                sandbox_users.kill_all()  # nothing the notebook started outlives it (its group, then the pid walk)
             stopping.check()  # nbgrader's app swallows the signal's exception: it stops the batch here
             seconds = time.perf_counter() - started
-            errors, timed_out = _cell_errors(autograded / f"{name}.ipynb")
+            errors, timed_out = cell_errors(autograded / f"{name}.ipynb")
             if not outcome["success"]:
                 status = "failed to run"
                 errors.append(gradebook.last_error_line(outcome))
             else:
                 status = "timed out" if timed_out else "graded"
-            if sandbox.memory_kills() > kills:
-                errors.append(f"the notebook used more than {sandbox.memory_bytes() / 2**30:.1f} GiB of memory: "
+            if sandbox_memory.memory_kills() > kills:
+                errors.append(f"the notebook used more than {sandbox_memory.memory_bytes() / 2**30:.1f} GiB of memory: "
                               "the sandbox's limit stopped it")
-            if dog.tripped or (sandboxed and sandbox.disk_used(written, disk) > sandbox.STORE_BYTES):
-                errors.append(f"the notebook wrote more than {sandbox.STORE_BYTES / 2**20:.0f} MiB to disk: "
+            if dog.tripped or (sandboxed and sandbox_disk.disk_used(written, disk) > sandbox_disk.STORE_BYTES):
+                errors.append(f"the notebook wrote more than {sandbox_disk.STORE_BYTES / 2**20:.0f} MiB to disk: "
                               "it was stopped, and what it wrote was deleted")
                 dirs.fresh("results", "cwd", "report", "inductor", owned=sandboxed)
             left = deadline - time.monotonic()
@@ -501,7 +321,7 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
                 found = {"error": "no time was left for the verdict process: the submission used its "
                                   f"{batch.submission_budget_s:.0f} s of grading"}
             else:
-                found = deciding.run(name[:2], dirs=dirs, since=since, settings=batch.settings,
+                found = verdicts.run(name[:2], dirs=dirs, since=since, settings=batch.settings,
                                      box=verdict_box,
                                      pythonpath=batch.lib, timeout_s=min(batch.notebook_budget_s, left),
                                      env={"TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)})

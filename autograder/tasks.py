@@ -71,8 +71,16 @@ def unfinished(job: Path) -> list[int]:
 BROUGHT_BACK = ("autograded/{s}", "results/{s}", "reports/{s}.html", "verdicts/{s}")
 
 
-def run_task(where: Course | Path, job: Path, student: str, *, timeout_s: int | None = None) -> dict:
+# The Slurm variables a task's record keeps: which job, array task and node graded it.
+SLURM_IDS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST")
+
+
+def run_task(where: Course | Path, job: Path, student: str, *, timeout_s: int | None = None,
+             gpus: str | None = None, slurm: dict[str, str | None] | None = None) -> dict:
     """Grade ``student`` in a private copy of the course on this node; leave the result in the job.
+
+    ``gpus`` (CUDA_VISIBLE_DEVICES) and ``slurm`` (SLURM_IDS' values) are where the task ran, as
+    the command line read them from its environment; kept in the record.
 
     Writes ``tasks/<student>/``: ``task.json`` (status, grades, start, end, node, cores, GPU, Slurm
     ids), the private gradebook (``gradebook.db``) and the student's graded files. Returns the
@@ -82,19 +90,18 @@ def run_task(where: Course | Path, job: Path, student: str, *, timeout_s: int | 
     """
     from labsupport.hardware import describe_machine
 
-    from . import grade, sandbox, stopping
+    from . import grade, sandbox, sandbox_users, stopping
 
     the, job = course.of(where), Path(job).resolve()
     task = job / "tasks" / student
     shutil.rmtree(task, ignore_errors=True)
     task.mkdir(parents=True)
     record = {"student": student, "status": "failed", "started": time.time(), "host": socket.gethostname(),
-              "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "no_sandbox": sandbox.problem(),
+              "gpus": gpus, "no_sandbox": sandbox.problem(),
               "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-              "sandbox_user": sandbox.user(),
+              "sandbox_user": sandbox_users.user(),
               "device": f"{describe_machine().device_name} ({describe_machine().device_class})",
-              "slurm": {k: os.environ.get(k) for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID",
-                                                       "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST")}}
+              "slurm": {k: (slurm or {}).get(k) for k in SLURM_IDS}}
     # Node-local: sqlite wants a local disk, and the kernels' ipc sockets a short path.
     scratch = Path(tempfile.mkdtemp(prefix="lab-grade-"))
     try:

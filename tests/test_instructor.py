@@ -25,7 +25,7 @@ import pytest
 
 import scenarios
 from autograder import (calibrate, collect, course, deciding, grade, gradebook, parallel, release, reports, sandbox,
-                        tasks)
+                        sandbox_disk, sandbox_users, tasks)
 from labsupport import grading
 from labsupport.hardware import describe_machine
 
@@ -277,7 +277,7 @@ def graded(tmp_path_factory, tiny_data):
         mp.setenv("LAB_CALIBRATION", str(tmp / "no-calibration.toml"))
         # A smaller disk quota, so that the disk fill is stopped within seconds (05's compile
         # caches, 157 MB precompiled headers among them, fit in it).
-        mp.setattr(sandbox, "STORE_BYTES", 2**30)
+        mp.setattr(sandbox_disk, "STORE_BYTES", 2**30)
         mp.setattr(sandbox, "MAX_FILE_BYTES", 512 * 2**20)
         collected = collect.collect(inbox, root)
         checkout = (CHECKOUT / "labsupport", CHECKOUT / "autograder", CHECKOUT / "tests", root / "submitted",
@@ -597,22 +597,22 @@ def test_derive_eases_only_what_the_reference_cannot_clear():
 def test_calibration_file_is_written_and_used_by_grading(tmp_path, monkeypatch, tiny_data):
     """calibrate measures the reference as grade measures a student: through the notebook's judge
     (its verdict file), not in its own process; the bar it writes is the one grading reads."""
-    from autograder import deciding
+    from autograder import verdicts as verdict_processes
 
     monkeypatch.setenv("LAB_DATA", str(tiny_data))
     monkeypatch.setenv("LAB_PROFILE", "tiny:grades_speed=1")
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
-    verdicts, run = [], deciding.run
-    monkeypatch.setattr(deciding, "run", lambda *a, **kw: verdicts.append(run(*a, **kw)) or verdicts[-1])
+    found, run = [], verdict_processes.run
+    monkeypatch.setattr(verdict_processes, "run", lambda *a, **kw: found.append(run(*a, **kw)) or found[-1])
     path, table = calibrate.calibrate(1, path=tmp_path / "calibration.toml", only=("02-loader-speedup",),
                                       progress=False)
     assert table.loc["02-loader-speedup", "runs"] == 1
-    assert [(v["notebook"], v.get("judge")) for v in verdicts] == [("02", True)], verdicts
+    assert [(v["notebook"], v.get("judge")) for v in found] == [("02", True)], found
     written = tomllib.loads(path.read_text())["measured"]["02-loader-speedup"]
-    assert written == [pytest.approx(verdicts[0]["checks"]["02-loader-speedup"]["measured"], rel=1e-3)]
+    assert written == [pytest.approx(found[0]["checks"]["02-loader-speedup"]["measured"], rel=1e-3)]
     # and the baseline's own figures in that run, which grading compares a verdict's with
     baseline = tomllib.loads(path.read_text())["baseline"]["02-loader-speedup"]
-    said = verdicts[0]["checks"]["02-loader-speedup"]["baseline"]
+    said = found[0]["checks"]["02-loader-speedup"]["baseline"]
     assert set(baseline) == {"baseline_step_ms", "crossing_ms"} and \
         baseline["baseline_step_ms"] == [pytest.approx(said["baseline_step_ms"], rel=1e-3)], (baseline, said)
     monkeypatch.setenv("LAB_CALIBRATION", str(path))
@@ -697,7 +697,7 @@ def test_attacks_change_nothing_outside_their_own_grade(graded):
                   ((sub.student.id, g) for sub in gb.find_assignment("lab").submissions
                    for nb in sub.notebooks for g in nb.grades) if g.extra_credit]
     assert credit == []
-    left = subprocess.run(["pgrep", "-u", str(sandbox.user())], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-u", str(sandbox_users.user())], capture_output=True, text=True).stdout
     assert not left.strip(), f"processes of the sandbox outlived grading: {left}"
     for name in ("grades", "grades_by_check", "grading_summary"):
         assert (root / f"{name}.csv").stat().st_size > 0

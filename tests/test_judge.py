@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import deciding, sandbox
+from autograder import sandbox, sandbox_users, verdicts
 from labsupport.grading import cgroups, judging, wire
 from labsupport.hardware import describe_machine
 
@@ -136,7 +136,7 @@ def judge(tmp_path, tiny_data, code: str | None, *, notebook: str = "02", earlie
         readable = (ROOT, Path(tiny_data), inputs) + (() if venv.is_relative_to(ROOT) else (venv,))
         box = sandbox.Sandbox(writable=(), readable=readable)
         prefix = box.command([], cwd=Path("/tmp"))
-        groups, grouped = deciding.worker_groups(notebook, box, [])
+        groups, grouped = verdicts.worker_groups(notebook, box, [])
     spec = {"notebook": notebook, "profile": profile,
             "thresholds": str(thresholds or ROOT / "labsupport" / "thresholds.toml"),
             "calibration": None, "data": str(tiny_data), "inputs": str(inputs), "judged": str(judged),
@@ -150,7 +150,7 @@ def judge(tmp_path, tiny_data, code: str | None, *, notebook: str = "02", earlie
         for group in groups.values():
             assert group.remove(), f"the judge's {group.path} could not be emptied and removed"
     if boxed:
-        sandbox.kill_all()
+        sandbox_users.kill_all()
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads((tmp_path / "verdict.json").read_text())
 

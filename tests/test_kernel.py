@@ -18,7 +18,7 @@ import nbformat
 import pytest
 from traitlets.config import Config
 
-from autograder import boundary, course, kernel, sandbox, submission
+from autograder import autograding, batch, boundary, course, kernel, sandbox, sandbox_users
 
 pytestmark = pytest.mark.skipif(sandbox.problem() is not None,
                                 reason=f"no grading sandbox here: {sandbox.problem()}")
@@ -29,7 +29,7 @@ def execute(tmp_path, *cells: str, timeout_s: int = 30, links: dict[str, str] | 
     """``cells`` run as a graded notebook's are (submission._grade_in's kernel settings), in a
     sandbox that writes only its run folder (where ``links`` are left: {name: target}); the
     notebook as run, its seconds, and what stopped it (nbgrader then fails that notebook alone)."""
-    dirs = submission.Folders(tmp_path / "work")
+    dirs = batch.Folders(tmp_path / "work")
     dirs.fresh("run", "cwd")
     for name, target in (links or {}).items():
         (dirs.run / name).symlink_to(target)
@@ -46,11 +46,11 @@ def execute(tmp_path, *cells: str, timeout_s: int = 30, links: dict[str, str] | 
     began, error = time.monotonic(), None
     try:
         with course.environment({"JUPYTER_PATH": str(dirs.jupyter), "JUPYTER_RUNTIME_DIR": str(dirs.run)}):
-            nb, _ = submission.BoundedExecute(config=config).preprocess(nb, {"metadata": {"path": str(dirs.cwd)}})
+            nb, _ = autograding.BoundedExecute(config=config).preprocess(nb, {"metadata": {"path": str(dirs.cwd)}})
     except Exception as err:
         error = err
     finally:
-        sandbox.kill_all()
+        sandbox_users.kill_all()
     return nb, time.monotonic() - began, error
 
 
@@ -153,20 +153,20 @@ def test_the_grader_connects_only_to_sockets_the_sandbox_user_bound(tmp_path):
     folder.mkdir()
     mine = socket.socket(socket.AF_UNIX)
     mine.bind(str(folder / "kernel-1"))
-    os.chown(folder / "kernel-1", sandbox.user(), sandbox.user(), follow_symlinks=False)
+    os.chown(folder / "kernel-1", sandbox_users.user(), sandbox_users.user(), follow_symlinks=False)
     roots = socket.socket(socket.AF_UNIX)
     roots.bind(str(folder / "kernel-2"))
     (folder / "kernel-3").symlink_to(folder / "kernel-1")
     os.mkfifo(folder / "kernel-4")
     try:
-        fd = boundary.socket_of(folder, "kernel-1", sandbox.user())
+        fd = boundary.socket_of(folder, "kernel-1", sandbox_users.user())
         assert stat.S_ISSOCK(os.fstat(fd).st_mode)
         os.close(fd)
         for name, says in (("kernel-2", "owner 0"), ("kernel-3", "a link"), ("kernel-4", "prw")):
             with pytest.raises(boundary.Refused, match=says):
-                boundary.socket_of(folder, name, sandbox.user())
+                boundary.socket_of(folder, name, sandbox_users.user())
         with pytest.raises(FileNotFoundError):
-            boundary.socket_of(folder, "kernel-5", sandbox.user())
+            boundary.socket_of(folder, "kernel-5", sandbox_users.user())
     finally:
         mine.close()
         roots.close()

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from autograder import sandbox
+from autograder import sandbox, sandbox_disk, sandbox_users
 
 pytestmark = pytest.mark.skipif(sandbox.problem() is not None,
                                 reason=f"no grading sandbox here: {sandbox.problem()}")
@@ -30,7 +30,7 @@ def folders(tmp_path):
         folder.mkdir()
     (readable / "data.txt").write_text("data")
     (hidden / "answers.txt").write_text("secret")
-    sandbox.own(writable)
+    sandbox_users.own(writable)
     return writable, readable, hidden
 
 
@@ -51,7 +51,7 @@ except OSError as err:
 """)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == str(sandbox.user()) and lines[1] == "data"
+    assert lines[0] == str(sandbox_users.user()) and lines[1] == "data"
     assert f"{hidden / 'answers.txt'} False" in lines and "/root/.ssh False" in lines
     assert "read-only: 30" in lines  # EROFS
     assert (writable / "out.txt").read_text() == "written"
@@ -70,7 +70,7 @@ except OSError as err:
 
 
 def test_processes_are_bounded_and_end_with_it():
-    before = subprocess.run(["pgrep", "-u", str(sandbox.user())], capture_output=True, text=True).stdout
+    before = subprocess.run(["pgrep", "-u", str(sandbox_users.user())], capture_output=True, text=True).stdout
     assert not before.strip(), f"processes of the sandbox user before the test: {before}"
     done = run(sandbox.Sandbox((), ()), """
 import os, subprocess, time
@@ -88,7 +88,7 @@ except OSError as err:
 """)
     count = int(done.stdout.split()[-1])
     assert count < sandbox.MAX_PROCESSES, done.stdout
-    left = subprocess.run(["pgrep", "-u", str(sandbox.user())], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-u", str(sandbox_users.user())], capture_output=True, text=True).stdout
     assert not left.strip(), f"processes outlived the sandbox: {left}"
 
 
@@ -118,7 +118,7 @@ for path in ({str(writable / 'big.bin')!r}, "/tmp/big.bin"):
 
 def test_the_watchdog_stops_a_disk_fill(folders, monkeypatch):
     writable, _, _ = folders
-    monkeypatch.setattr(sandbox, "STORE_BYTES", 8 * 2**20)
+    monkeypatch.setattr(sandbox_disk, "STORE_BYTES", 8 * 2**20)
     code = f"""
 import time
 for i in range(1000):
@@ -126,23 +126,23 @@ for i in range(1000):
         f.write(bytes(2**20))
     time.sleep(0.01)
 """
-    with sandbox.watchdog((writable,), every_s=0.2) as dog:
+    with sandbox_disk.watchdog((writable,), every_s=0.2) as dog:
         run(sandbox.Sandbox((writable,), ()), code)
     assert dog.tripped
-    assert sandbox.folder_bytes(writable) < 200 * 2**20
+    assert sandbox_disk.folder_bytes(writable) < 200 * 2**20
 
 
 def test_graders_sharing_a_node_run_students_as_different_users():
     """Two Slurm tasks on one node (a GPU each) grade at once: each claims its own sandbox user,
     so one submission's fork storm cannot spend the other's process count. The claim is a lock
     held for the grader's life: another grader gets the next id, and the id is free again after."""
-    claim = [sys.executable, "-c", "from autograder import sandbox; print(sandbox.user())"]
-    mine = sandbox.user()
+    claim = [sys.executable, "-c", "from autograder import sandbox_users; print(sandbox_users.user())"]
+    mine = sandbox_users.user()
     other = int(subprocess.run(claim, capture_output=True, text=True, check=True).stdout)
     # (nobody, or a spare id: a grader beside this one, the instructor tests', may hold a lower one meanwhile)
-    assert other != mine and other in (sandbox.NOBODY, *sandbox.SPARE_USERS)
-    holder = subprocess.Popen([sys.executable, "-c", "from autograder import sandbox; import time; "
-                               "print(sandbox.user(), flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    assert other != mine and other in (sandbox_users.NOBODY, *sandbox_users.SPARE_USERS)
+    holder = subprocess.Popen([sys.executable, "-c", "from autograder import sandbox_users; import time; "
+                               "print(sandbox_users.user(), flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
     try:
         held = int(holder.stdout.readline())
         third = int(subprocess.run(claim, capture_output=True, text=True, check=True).stdout)
@@ -152,7 +152,7 @@ def test_graders_sharing_a_node_run_students_as_different_users():
         holder.wait()
     # Free again: its lock can be taken now. (Not "the next claim gets it": another grader on this
     # machine, a test worker beside this one, may claim a lower id first.)
-    with open(sandbox.USER_LOCKS / f"lab-sandbox-user-{held}.lock", "a") as handle:
+    with open(sandbox_users.USER_LOCKS / f"lab-sandbox-user-{held}.lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
@@ -161,18 +161,18 @@ def test_kill_all_ends_this_graders_processes_and_no_one_elses():
     (a sandbox whose outer process was killed first leaves its processes to the grader, its
     reaper), and reaps them, so that none keeps a slot of the user's process limit. Nothing of a
     neighbouring grader's that runs as the same user is touched."""
-    uid = str(sandbox.user())
+    uid = str(sandbox_users.user())
     as_user = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     neighbour = subprocess.Popen([*as_user, "sleep", "301"])  # another grader's
     grader = f"""
 import subprocess, time
-from autograder import sandbox
-sandbox.user()  # this process becomes the reaper of its orphans
-sandbox.user = lambda: {uid}  # ... and shares the neighbour's user, as if both held it
+from autograder import sandbox_users
+sandbox_users.user()  # this process becomes the reaper of its orphans
+sandbox_users.user = lambda: {uid}  # ... and shares the neighbour's user, as if both held it
 subprocess.Popen({as_user!r} + ["sh", "-c", "sleep 300 & sleep 300"])  # a child, and a grandchild
 subprocess.run({as_user!r} + ["sh", "-c", "sleep 300 &"])  # an orphan, left to this process
 time.sleep(0.5)
-sandbox.kill_all()
+sandbox_users.kill_all()
 print(subprocess.run(["pgrep", "-u", "{uid}", "-x", "-a", "sleep"], capture_output=True, text=True).stdout)
 """
     try:

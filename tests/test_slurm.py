@@ -23,9 +23,9 @@ def sbatch_lines(path: Path) -> list[str]:
     return [line.removeprefix("#SBATCH ") for line in path.read_text().splitlines() if line.startswith("#SBATCH ")]
 
 
-def test_the_scripts_ask_for_one_gpu_type_and_chain_calibration_array_and_merge(tmp_path, monkeypatch):
-    monkeypatch.setenv("LAB_PROFILE", "tiny")
-    options = slurm.Options(partition="gpu", constraint="a100", max_running=3, cpus_per_task=4, time="01:30:00")
+def test_the_scripts_ask_for_one_gpu_type_and_chain_calibration_array_and_merge(tmp_path):
+    options = slurm.Options(partition="gpu", constraint="a100", max_running=3, cpus_per_task=4, time="01:30:00",
+                            carried=slurm.carried({"LAB_PROFILE": "tiny", "LAB_DATA": "", "HOME": "/root"}))
     job = slurm.write(tmp_path, STUDENTS, options)
     for name in ("calibrate.sbatch", "grade.sbatch", "merge.sbatch", "submit.sh"):
         assert subprocess.run(["bash", "-n", str(job / name)]).returncode == 0, name
@@ -37,6 +37,7 @@ def test_the_scripts_ask_for_one_gpu_type_and_chain_calibration_array_and_merge(
     assert (job / "students.txt").read_text().split() == STUDENTS
     text = (job / "grade.sbatch").read_text()
     assert "export LAB_PROFILE=tiny" in text and "grade-task" in text and "SLURM_ARRAY_TASK_ID + 1" in text
+    assert "export LAB_DATA" not in text and "export HOME" not in text  # set values of CARRIED_ENV only
     submit = (job / "submit.sh").read_text()
     assert "--dependency=afterok:$calibration grade.sbatch" in submit
     assert "--dependency=afterany:$array merge.sbatch" in submit

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 import scenarios
-from autograder import course, release, sandbox
+from autograder import course, release, sandbox, sandbox_memory, sandbox_users
 
 pytestmark = pytest.mark.skipif(sandbox.problem() is not None, reason=f"no sandbox here: {sandbox.problem()}")
 
@@ -186,18 +186,18 @@ def test_a_sandbox_ended_leaves_no_zombie_with_the_grader():
 
     if cgroups.problem():
         pytest.skip(cgroups.problem())
-    group = cgroups.Group.make(sandbox.group_path("zombie-test"))
+    group = cgroups.Group.make(sandbox_memory.group_path("zombie-test"))
     box = sandbox.Sandbox(writable=(), readable=(), budget_s=120, group=group.path)
     proc = subprocess.Popen(box.command([sys.executable, "-c", "import subprocess, time; "
                                          "subprocess.Popen(['sleep', '100']); time.sleep(100)"]))
     try:
         deadline = time.monotonic() + 60
-        while not any(_real_uid(p) == sandbox.user() for p in psutil.Process().children(recursive=True)):
+        while not any(_real_uid(p) == sandbox_users.user() for p in psutil.Process().children(recursive=True)):
             assert time.monotonic() < deadline, "the sandboxed process never started"
             time.sleep(0.1)
         assert group.kill()  # the whole sandbox, at once: as a stopped grade ends a submission
         proc.wait(timeout=30)
-        sandbox.kill_all()
+        sandbox_users.kill_all()
         # The sandbox's own (bwrap's): the grader is a subreaper, so other tests' orphans (a headless
         # chromium's crash handlers) can be left to this process too, and are not the sandbox's.
         zombies = [f"{p.pid} {p.name()}" for p in psutil.Process().children(recursive=True)

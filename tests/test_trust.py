@@ -16,7 +16,7 @@ import zipfile
 
 import pytest
 
-from autograder import boundary, collect, course, sandbox
+from autograder import boundary, collect, course, sandbox, sandbox_disk, sandbox_memory, sandbox_users
 
 needs_sandbox = pytest.mark.skipif(sandbox.problem() is not None,
                                    reason=f"no grading sandbox here: {sandbox.problem()}")
@@ -110,55 +110,55 @@ def test_run_keeps_a_bounded_piece_of_a_flood_and_stops_at_its_time():
 
 @needs_sandbox
 def test_memory_is_limited_per_grader(monkeypatch, tmp_path):
-    procs, why = sandbox.memory_cgroup()
+    procs, why = sandbox_memory.memory_cgroup()
     if procs is None:
         pytest.skip(f"no memory cgroup on this machine: {why}")
-    sandbox.memory_cgroup.cache_clear()
-    monkeypatch.setattr(sandbox, "memory_bytes", lambda: 256 * 2**20)
+    sandbox_memory.memory_cgroup.cache_clear()
+    monkeypatch.setattr(sandbox_memory, "memory_bytes", lambda: 256 * 2**20)
     try:
-        sandbox.memory_cgroup()
-        kills = sandbox.memory_kills()
+        sandbox_memory.memory_cgroup()
+        kills = sandbox_memory.memory_kills()
         box = sandbox.Sandbox(writable=(), readable=())
         hog = "x = bytearray(1024 * 2**20); x[::4096] = b'y' * len(x[::4096]); print('survived')"
         done = subprocess.run(box.command([sys.executable, "-c", hog]), capture_output=True, text=True, timeout=120)
         assert "survived" not in done.stdout and done.returncode != 0, done
-        assert sandbox.memory_kills() > kills
+        assert sandbox_memory.memory_kills() > kills
     finally:
         monkeypatch.undo()
-        sandbox.memory_cgroup.cache_clear()
-        sandbox.memory_cgroup()  # the real limit again, for the graders after this test
+        sandbox_memory.memory_cgroup.cache_clear()
+        sandbox_memory.memory_cgroup()  # the real limit again, for the graders after this test
 
 
 @needs_sandbox
 def test_disk_counts_unlinked_files_and_a_tmpfs_counts_everything(tmp_path):
     folder = tmp_path / "store"
-    sandbox.own(folder)
+    sandbox_users.own(folder)
     box = sandbox.Sandbox(writable=(folder,), readable=())
     hold = (f"import os, time\nf = open({str(folder / 'held.bin')!r}, 'wb')\nf.write(b'0' * 32 * 2**20)\n"
             f"f.flush()\nos.unlink(f.name)\nprint('held', flush=True)\ntime.sleep(60)")
     proc = subprocess.Popen(box.command([sys.executable, "-c", hold]), stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"
-        assert sandbox.folder_bytes(folder) == 0
-        assert sandbox.disk_used((folder,)) >= 32 * 2**20
+        assert sandbox_disk.folder_bytes(folder) == 0
+        assert sandbox_disk.disk_used((folder,)) >= 32 * 2**20
     finally:
         proc.kill()
         proc.wait()
-        sandbox.kill_all()
+        sandbox_users.kill_all()
     disk = tmp_path / "disk"
-    why = sandbox.mount_disk(disk, 16 * 2**20)
+    why = sandbox_disk.mount_disk(disk, 16 * 2**20)
     if why:
         pytest.skip(f"no tmpfs can be mounted here ({why}): the watchdog counts files instead")
     try:
-        sandbox.own(disk / "w")
+        sandbox_users.own(disk / "w")
         box = sandbox.Sandbox(writable=(disk / "w",), readable=())
         fill = f"open({str(disk / 'w' / 'f')!r}, 'wb').write(b'0' * 32 * 2**20)"
         done = subprocess.run(box.command([sys.executable, "-c", fill]), capture_output=True, text=True, timeout=60)
         assert "No space left" in done.stderr
-        assert 15 * 2**20 < sandbox.disk_used((), disk) <= 16 * 2**20
+        assert 15 * 2**20 < sandbox_disk.disk_used((), disk) <= 16 * 2**20
     finally:
-        sandbox.unmount_below(disk)
-    assert not sandbox.is_mount(disk)
+        sandbox_disk.unmount_below(disk)
+    assert not sandbox_disk.is_mount(disk)
 
 
 # --- collect ------------------------------------------------------------------------------------
@@ -213,10 +213,10 @@ def test_student_ids_that_are_paths_are_refused(student):
 
 
 def test_a_student_id_never_names_a_folder_of_the_batch(tmp_path):
-    from autograder import submission
+    from autograder import batch
 
     for student in ("lib", "batch", "spec", "students"):
-        work = submission.Folders(tmp_path / "sandbox" / "students" / course.check_student_id(student)).work
+        work = batch.Folders(tmp_path / "sandbox" / "students" / course.check_student_id(student)).work
         assert (tmp_path / "sandbox" / "batch") not in (work, *work.parents)
         assert work.parent == tmp_path / "sandbox" / "students"
 
@@ -353,8 +353,8 @@ def test_carried_code_changed_after_its_check_is_noted_and_root_keeps_the_measur
     """A later notebook's kernel that rewrites (or removes) an earlier notebook's carried code in
     its results store changes nothing the judge takes (root's copy, kept when that notebook was
     judged), and the student is told; a link in its place is not followed."""
-    from autograder import deciding
-    from autograder.submission import Folders
+    from autograder import verdicts
+    from autograder.batch import Folders
 
     dirs = Folders(tmp_path / "work")
     (dirs.judged / "code").mkdir(parents=True)
@@ -362,16 +362,16 @@ def test_carried_code_changed_after_its_check_is_noted_and_root_keeps_the_measur
     measured = "def make_fast_loader(lab):\n    return 'measured'\n"
     (dirs.judged / "code" / "02.py").write_text(measured)
     (dirs.results / "code" / "02.py").write_text(measured)
-    assert deciding._changed_since_checked(dirs, "code/02.py") == ""
-    assert deciding._changed_since_checked(dirs, "code/03.py") == ""  # nothing judged yet: nothing to compare
+    assert verdicts._changed_since_checked(dirs, "code/02.py") == ""
+    assert verdicts._changed_since_checked(dirs, "code/03.py") == ""  # nothing judged yet: nothing to compare
     (dirs.results / "code" / "02.py").write_text(measured.replace("measured", "faster"))
-    note = deciding._changed_since_checked(dirs, "code/02.py")
+    note = verdicts._changed_since_checked(dirs, "code/02.py")
     assert "not the code notebook 02's checks measured" in note and "used the code they measured" in note
     (dirs.results / "code" / "02.py").unlink()
     (dirs.results / "code" / "02.py").symlink_to(dirs.judged / "code" / "02.py")  # the same bytes, through a link
-    assert "not the code" in deciding._changed_since_checked(dirs, "code/02.py")
+    assert "not the code" in verdicts._changed_since_checked(dirs, "code/02.py")
     (dirs.results / "code" / "02.py").unlink()
-    assert "removed" in deciding._changed_since_checked(dirs, "code/02.py")
+    assert "removed" in verdicts._changed_since_checked(dirs, "code/02.py")
     assert (dirs.judged / "code" / "02.py").read_text() == measured
 
 
