@@ -191,6 +191,14 @@ def test_registry_masters_grading_modules_and_thresholds_agree():
             f"{master.name}: its test cells must declare each check its grading module registers, once")
 
 
+def test_every_rung_comes_before_the_notebook_that_reads_the_ladder():
+    """06 grades the ladder from the rungs recorded before it: a rung's notebook registered after
+    06 could never be shown there (tests/test_toy_notebook.py sees this fail for a toy 09)."""
+    from labsupport.grading import judge_setup
+
+    assert judge_setup.order_problems() == []
+
+
 def test_the_ladder_and_the_composed_pipeline_are_the_rungs_changes_in_turn():
     """Each rung's recipe is the baseline changed by every rung along its chain; 06's pipeline is
     every rung that buys speed (not 04's checkpointing), 05's compile as the student chose."""

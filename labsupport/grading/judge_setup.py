@@ -106,3 +106,17 @@ def unprotected(number: str, found: dict, why: str) -> str:
         if result is not None and result.reason in ("pass", "below bar"):
             found[check] = replace(result, status="fail", reason="not measured", note=f"{note}. {result.note}")
     return note
+
+
+def order_problems() -> list[str]:
+    """Rungs 06's ladder could never show: a notebook that records a rung, registered after a
+    notebook whose checks read the ladder (``JUDGED.reads_ladder``: 06). Empty for a sound registry."""
+    problems, readers = [], []
+    for nb in notebooks.NOTEBOOKS:
+        if nb.graded and setup_of(nb.number).reads_ladder:
+            readers.append(nb.number)
+        elif nb.stage and readers:
+            problems.append(f"notebook {nb.number} records rung {nb.stage!r} after notebook "
+                            f"{', '.join(readers)}, whose checks read the ladder: move its row (and its "
+                            "number) before theirs in labsupport/notebooks.py")
+    return problems
