@@ -36,11 +36,14 @@ class Batch:
     machine: object = None  # labsupport.hardware.Machine: the grader's own view of this machine
     memory: str | None = None  # why the sandboxes have no memory limit (None: they have one)
     disk: str | None = None  # why a submission's disk is counted by the watchdog, not a filesystem
+    # the judge's workers' copy of labsupport: without the checks and partners (judge_setup.judge_only)
+    worker_lib: Path | None = None
 
     @classmethod
     def prepare(cls, where: Course | Path, timeout_s: int) -> "Batch":
         import labsupport
         from labsupport import dataset, grading, hardware
+        from labsupport.grading import judge_setup
         from labsupport.paths import data_root
 
         the = course.of(where)
@@ -51,6 +54,7 @@ class Batch:
         lib = work / "batch" / "lib"
         shutil.copytree(Path(labsupport.__file__).parent, lib / "labsupport",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        worker_lib = judge_setup.worker_lab_copy(Path(labsupport.__file__).parent, work / "batch" / "worker-lib")
         spec = work / "batch" / "spec"
         spec.mkdir(parents=True)
         thresholds = spec / "thresholds.toml"
@@ -71,7 +75,8 @@ class Batch:
             raise course.CourseError(gpu)
         return cls(the, timeout_s, NOTEBOOK_BUDGET_CELLS * timeout_s, SUBMISSION_BUDGET_CELLS * timeout_s,
                    box, lib, settings, deciding.checks_by_cell(the), skipping.from_masters(the),
-                   machine=hardware.describe_machine(hardware.pick_device()), memory=memory)
+                   machine=hardware.describe_machine(hardware.pick_device()), memory=memory,
+                   worker_lib=worker_lib)
 
 
 # A notebook's kernel may run for this many cell time limits in all (the pre_run_cell hook that

@@ -323,7 +323,8 @@ def _grade_in(the: Course, student: str, batch: Batch, dirs: Folders, folder: Pa
             else:
                 found = verdicts.run(name[:2], dirs=dirs, since=since, settings=batch.settings,
                                      box=verdict_box,
-                                     pythonpath=batch.lib, timeout_s=min(batch.notebook_budget_s, left),
+                                     pythonpath=batch.lib, worker_pythonpath=batch.worker_lib,
+                                     timeout_s=min(batch.notebook_budget_s, left),
                                      env={"TORCHINDUCTOR_CACHE_DIR": str(dirs.inductor)})
             if "error" in found:
                 errors.append(f"verdicts: {found['error']}")

@@ -37,7 +37,8 @@ VERDICT_BYTES = 4 * 2**20  # a verdict file is a few KB
 
 
 def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandbox.Sandbox | None,
-        pythonpath: Path | None, timeout_s: float, env: dict[str, str] | None = None) -> dict:
+        pythonpath: Path | None, timeout_s: float, env: dict[str, str] | None = None,
+        worker_pythonpath: Path | None = None) -> dict:
     """Run notebook ``number``'s verdict process; returns its verdicts (``{"error": ...}`` if none).
 
     ``dirs`` are the submission's folders (:class:`.batch.Folders`). What the process takes from the kernel,
@@ -46,7 +47,9 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
     and the sandbox sees read-only, beside the spec; the process copies them into the grader's
     store itself. Its verdict comes back as a file in ``outbox/``, read the same bounded way, and
     its output over a pipe, kept up to a cap: root follows, chmods and writes nothing the sandbox
-    could have replaced.
+    could have replaced. A judge's workers import labsupport from ``worker_pythonpath`` (a copy
+    without the checks and partners: :func:`labsupport.grading.judge_setup.worker_lab_copy`)
+    where given, the judge itself from ``pythonpath``.
     """
     inputs = dirs.inputs / number
     shutil.rmtree(inputs, ignore_errors=True)
@@ -88,7 +91,7 @@ def run(number: str, *, dirs, since: float, settings: dict[str, str], box: sandb
         path.chmod(0o755 if path.is_dir() else 0o644)
     if judged:
         return _judge(number, inputs, dirs=dirs, since=since, settings=settings, box=box, pythonpath=pythonpath,
-                      timeout_s=timeout_s, env=env, problems=problems)
+                      timeout_s=timeout_s, env=env, problems=problems, worker_pythonpath=worker_pythonpath)
     shutil.rmtree(dirs.outbox, ignore_errors=True)
     dirs.outbox.mkdir()
     if box is not None:
@@ -138,23 +141,28 @@ def _changed_since_checked(dirs, name: str) -> str:
 
 
 def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str, str], box: sandbox.Sandbox | None,
-           pythonpath: Path | None, timeout_s: float, env: dict[str, str] | None, problems: list[str]) -> dict:
+           pythonpath: Path | None, timeout_s: float, env: dict[str, str] | None, problems: list[str],
+           worker_pythonpath: Path | None = None) -> dict:
     """Notebook ``number``'s verdicts from the judge (:mod:`labsupport.grading.judging`): a process
     of root's that runs no student code, driving the student's code and the baseline in two
     workers, each in the submission's sandbox. Its verdict is a file of root's own."""
     out = dirs.work / f"judge-{number}.json"
     out.unlink(missing_ok=True)
     dirs.judged.mkdir(exist_ok=True)
-    workers_env = environment({**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}), **(env or {})})
+    lib = worker_pythonpath or pythonpath  # the workers': no checks, no partners
+    workers_env = environment({**({"PYTHONPATH": str(lib)} if lib else {}), **(env or {})})
     # The judge (root's) never gets the submission's Inductor cache (TORCHINDUCTOR_CACHE_DIR): a
     # folder the sandbox writes, which root must not write into; it compiles nothing anyway.
-    inner = {k: v for k, v in workers_env.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    inner = {k: v for k, v in environment({**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}),
+                                           **(env or {})}).items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     # The workers see the dataset, labsupport and the carried code, read-only, and write nowhere
     # but their own /tmp and the submission's Inductor cache (05 compiles, and reuses what its
     # kernel compiled): not the grader's store, which later notebooks' verdicts read.
     cache = env.get("TORCHINDUCTOR_CACHE_DIR") if env else None
+    readable = box.readable if box is None or lib == pythonpath else \
+        tuple(Path(lib) if Path(p) == Path(pythonpath) else p for p in box.readable)
     worker_box = None if box is None else sandbox.Sandbox(writable=(Path(cache),) if cache else (),
-                                                          readable=box.readable)
+                                                          readable=readable)
     spec = {"notebook": number, "inputs": str(inputs), "judged": str(dirs.judged), "out": str(out), "since": since,
             "sandbox": worker_box.command([], cwd=Path("/tmp")) if worker_box else [],
             "env": workers_env if worker_box else inner, **settings}

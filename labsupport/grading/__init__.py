@@ -157,7 +157,14 @@ def check(notebook: str, namespace: dict) -> pd.DataFrame:
     return table(list(results.values()))
 
 
-from . import partners  # noqa: E402  (the correctness partners, also reachable from here)
+# The correctness partners, reachable from here (``ls.grading.same_batches``), imported only when
+# asked for: a judge's worker has no partners module (:func:`.judge_setup.worker_lab_copy`).
+PARTNERS = ("same_batches", "same_epoch_labels", "step_trains", "first_mismatch")
 
-same_batches, same_epoch_labels = partners.same_batches, partners.same_epoch_labels
-step_trains, first_mismatch = partners.step_trains, partners.first_mismatch
+
+def __getattr__(name: str):
+    if name in PARTNERS:
+        from . import partners
+
+        return getattr(partners, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,7 @@ import torch
 from .. import measure, pipeline, train
 from . import StudentCodeError, student
 from .watch import watched
+from .rungs import Recipe, Rung
 
 # What a labelled phase must hold (operators or labels starting inside it, by name, lower-cased):
 # the work it names (the profile keeps these events; :mod:`.labelled` reads them). The forward and
@@ -280,3 +281,8 @@ class Side:
         return {"names": names, "tensors": [torch.tensor(rows, dtype=torch.float64).reshape(-1, 4)],
                 **{key: [int(n) for n in profiled[key]] for key in ("drawn", "ran", "unchanged")},
                 "parameters": int(profiled["parameters"])}
+
+
+# --- 01's rung: the naive baseline, no student code -----------------------------------------------
+
+RUNG = Rung(lambda code, lab, made: Recipe())  # the recipe every rung starts from

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 from .. import pipeline
+from . import student
+from .rungs import Recipe, Rung, measured
 
 
 class Side:
@@ -32,3 +34,14 @@ class Side:
         if not callable(make):
             raise NameError("`make_fast_loader` is not defined in the code carried from 02")
         return make(self.lab if size == self.lab.profile.batch_size else dataclasses.replace(self.lab, profile=profile), **kw)
+
+
+# --- 02's rung: the student's loader feeding the lab's fp32 step ------------------------------------
+
+def their_loader(code, lab, made: Recipe) -> Recipe:
+    """02's change: the student's ``make_fast_loader`` (in ``code("02")``) instead of the naive loader."""
+    return dataclasses.replace(made, loader=student(code("02"), "make_fast_loader", "02"))
+
+
+RUNG = Rung(their_loader, extras=lambda found, lab: {
+    "loader_speedup": measured(found, "02-loader-speedup"), "data_wait_share": measured(found, "02-data-wait-share")})

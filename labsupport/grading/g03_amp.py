@@ -184,24 +184,7 @@ def fp16_scaler(namespace, lab, sides=None):
                           note="" if ok else why)]
 
 
-# --- 03's rung: their loader feeding their precision choice and mixed-precision step ---------------
-
-def their_step(code, lab, made: Recipe) -> Recipe:
-    """03's change: the student's ``amp_train_step`` as the update, in their ``choose_precision``'s
-    precision (in ``code("03")``)."""
-    amp_code = code("03")
-    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
-    return dataclasses.replace(made.configured(amp_dtype=dtype, channels_last=channels_last),
-                               update=student(amp_code, "amp_train_step", "03"))
-
-
-def _extras(found, lab) -> dict:
-    accuracy = found["03-accuracy-gap"].details if "03-accuracy-gap" in found else {}
-    return {"step_speedup": measured(found, "03-amp-speedup"), "activation_ratio": measured(found, "03-activation-ratio"),
-            "accuracy_fp32": accuracy.get("accuracy_fp32"), "accuracy": accuracy.get("accuracy")}
-
-
-RUNG = Rung(their_step, extras=_extras, in_worker=True)
+from .g03_worker import RUNG  # noqa: E402,F401 (its rung is declared beside what its worker builds)
 
 
 def asked_precision(sides) -> tuple[torch.dtype | None, bool]:

@@ -6,12 +6,14 @@ answer: those are the judge's (:mod:`.g03_amp`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 
 import torch
 
 from .. import memory, pipeline, train
 from . import StudentCodeError, one_batch, student, timed
+from .rungs import Recipe, Rung, measured
 from .watch import watched
 
 PRECISIONS = ("float16", "bfloat16")  # what a request may name for a training or inference precision (None: float32)
@@ -161,3 +163,23 @@ class Side:
         if not self.student:
             raise PermissionError("the baseline's worker holds no student code (choose_precision)")
         return chosen_precision(self.here.lab)
+
+
+# --- 03's rung: their loader feeding their precision choice and mixed-precision step ---------------
+
+def their_step(code, lab, made: Recipe) -> Recipe:
+    """03's change: the student's ``amp_train_step`` as the update, in their ``choose_precision``'s
+    precision (in ``code("03")``)."""
+    amp_code = code("03")
+    dtype, channels_last = precision(student(amp_code, "choose_precision", "03"), lab.machine)
+    return dataclasses.replace(made.configured(amp_dtype=dtype, channels_last=channels_last),
+                               update=student(amp_code, "amp_train_step", "03"))
+
+
+def _extras(found, lab) -> dict:
+    accuracy = found["03-accuracy-gap"].details if "03-accuracy-gap" in found else {}
+    return {"step_speedup": measured(found, "03-amp-speedup"), "activation_ratio": measured(found, "03-activation-ratio"),
+            "accuracy_fp32": accuracy.get("accuracy_fp32"), "accuracy": accuracy.get("accuracy")}
+
+
+RUNG = Rung(their_step, extras=_extras, in_worker=True)

@@ -294,20 +294,7 @@ def accumulation(namespace, lab, sides=None):
                   why_incorrect=why, note="" if why else note)]
 
 
-# --- 04's rung: their checkpointing around their 03 step, spent on a doubled batch -----------------
-
-def their_checkpointing(code, lab, made: Recipe) -> Recipe:
-    """04's change: the student's checkpointing (``checkpointed``, ``SEGMENTS`` in ``code("04")``)
-    around the network, at ``lab``'s batch (the rung's: twice the profile's)."""
-    wrap, segments = student(code("04"), "checkpointed", "04"), code("04").get("SEGMENTS")
-    return dataclasses.replace(made.configured(checkpoint_segments=int(segments or 0), batch_size=lab.profile.batch_size),
-                               wrap=lambda model: wrap(model, segments))
-
-
-RUNG = Rung(their_checkpointing,
-            extras=lambda found, lab: {"batch_size": lab.profile.batch_size,
-                                       "peak_ratio": measured(found, "04-peak-ratio")},
-            in_worker=True, batch_factor=2, counts_peak=True, in_pipeline=False)
+from .g04_worker import RUNG  # noqa: E402,F401 (its rung is declared beside what its worker builds)
 
 
 class Remote(RemoteSides):

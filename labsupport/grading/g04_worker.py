@@ -6,12 +6,14 @@ answer: those are the judge's (:mod:`.g04_checkpointing`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 
 from .. import memory, train
 from . import StudentCodeError, one_batch, student, timed
+from .rungs import Recipe, Rung, measured
 
 
 def segments_of(namespace) -> int:
@@ -197,3 +199,19 @@ class Side:
         if not self.student:
             raise PermissionError("the baseline's worker holds no student code (accumulate_step)")
         return self.here.accumulate(k=int(k), lr=float(lr), size=int(size))
+
+
+# --- 04's rung: their checkpointing around their 03 step, spent on a doubled batch -----------------
+
+def their_checkpointing(code, lab, made: Recipe) -> Recipe:
+    """04's change: the student's checkpointing (``checkpointed``, ``SEGMENTS`` in ``code("04")``)
+    around the network, at ``lab``'s batch (the rung's: twice the profile's)."""
+    wrap, segments = student(code("04"), "checkpointed", "04"), code("04").get("SEGMENTS")
+    return dataclasses.replace(made.configured(checkpoint_segments=int(segments or 0), batch_size=lab.profile.batch_size),
+                               wrap=lambda model: wrap(model, segments))
+
+
+RUNG = Rung(their_checkpointing,
+            extras=lambda found, lab: {"batch_size": lab.profile.batch_size,
+                                       "peak_ratio": measured(found, "04-peak-ratio")},
+            in_worker=True, batch_factor=2, counts_peak=True, in_pipeline=False)

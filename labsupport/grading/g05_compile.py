@@ -119,22 +119,7 @@ def _break_even_errors(answer, cases) -> list[str]:
     return wrong
 
 
-# --- 05's rung: their 03 step, compiled, fed by their loader -----------------------------------------
-
-def as_they_chose(code, lab, made: Recipe) -> Recipe:
-    """05's change in 06's pipeline: compiled as the student's ``COMPILE_TRAINING`` chose (kept from
-    05); without that choice, not compiled, and the recipe says so."""
-    try:
-        chosen = code("05")["COMPILE_TRAINING"]
-    except (StudentCodeError, KeyError):
-        return dataclasses.replace(made, notes=made.notes + (
-            "not compiled: COMPILE_TRAINING was not kept from 05 (run its checks)",))
-    return dataclasses.replace(made.configured(compiled=bool(chosen)), notes=made.notes + ("your 05 choice",))
-
-
-RUNG = Rung(lambda code, lab, made: made.configured(compiled=True), pipeline_change=as_they_chose,
-            extras=lambda found, lab: {"inference_speedup": measured(found, "05-compile-speedup")},
-            in_worker=True, compiled=True)
+from .g05_worker import RUNG  # noqa: E402,F401 (its rung is declared beside what its worker builds)
 
 
 class RemoteInference:

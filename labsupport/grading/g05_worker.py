@@ -5,13 +5,15 @@ expected answer: those are the judge's (:mod:`.g05_compile`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
 
 from .. import measure, train
-from . import carried, one_batch, student
+from . import StudentCodeError, carried, one_batch, student
 from .g03_worker import PRECISIONS, chosen_precision, precision
+from .rungs import Recipe, Rung, measured
 from .watch import watched
 
 
@@ -126,3 +128,21 @@ class Side:
     def precision(self) -> dict:
         self._student("choose_precision")
         return chosen_precision(self.here.lab)
+
+
+# --- 05's rung: their 03 step, compiled, fed by their loader -----------------------------------------
+
+def as_they_chose(code, lab, made: Recipe) -> Recipe:
+    """05's change in 06's pipeline: compiled as the student's ``COMPILE_TRAINING`` chose (kept from
+    05); without that choice, not compiled, and the recipe says so."""
+    try:
+        chosen = code("05")["COMPILE_TRAINING"]
+    except (StudentCodeError, KeyError):
+        return dataclasses.replace(made, notes=made.notes + (
+            "not compiled: COMPILE_TRAINING was not kept from 05 (run its checks)",))
+    return dataclasses.replace(made.configured(compiled=bool(chosen)), notes=made.notes + ("your 05 choice",))
+
+
+RUNG = Rung(lambda code, lab, made: made.configured(compiled=True), pipeline_change=as_they_chose,
+            extras=lambda found, lab: {"inference_speedup": measured(found, "05-compile-speedup")},
+            in_worker=True, compiled=True)

@@ -120,3 +120,32 @@ def order_problems() -> list[str]:
                             f"{', '.join(readers)}, whose checks read the ladder: move its row (and its "
                             "number) before theirs in labsupport/notebooks.py")
     return problems
+
+
+# What a judge's worker never has (design.md, contract 6: nothing importable where the student's
+# code runs computes an expected answer): every graded notebook's checks, the correctness partners
+# and the judge's own side. A worker imports its notebook's ``gNN_worker`` (what it builds, its
+# rung) and labsupport's shared modules.
+JUDGE_SIDE = ("partners.py", "judging.py", "verdict.py", "labelled.py")
+
+
+def judge_only() -> tuple[str, ...]:
+    """The files of labsupport/grading a judge's worker's copy of labsupport lacks."""
+    return tuple(f"{module_name(number)}.py" for number in NOTEBOOKS) + JUDGE_SIDE
+
+
+def worker_lab_copy(package, to):
+    """labsupport (the package folder ``package``) copied into the folder ``to`` for a judge's
+    workers: without :func:`judge_only`'s files, compiled caches or ``.pyc`` files (a cache would
+    hold a removed module's code). Returns ``to``, the folder to put on the workers' PYTHONPATH."""
+    import shutil
+    from pathlib import Path
+
+    to = Path(to)
+    skipped = set(judge_only())
+
+    def ignore(folder, names):
+        here = Path(folder).name == "grading" and Path(folder).parent.name == "labsupport"
+        return {n for n in names if n == "__pycache__" or n.endswith(".pyc") or (here and n in skipped)}
+    shutil.copytree(package, to / "labsupport", ignore=ignore)
+    return to

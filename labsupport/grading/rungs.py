@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 
 from .. import ladder, notebooks, pipeline, results, train
-from . import CheckResult, StudentCodeError, carried, module_name
+from . import CheckResult, StudentCodeError, carried
 
 
 def measured(found: dict[str, CheckResult], check: str) -> float | None:
@@ -88,10 +88,11 @@ class Rung:
 
 
 def of(number: str) -> Rung | None:
-    """Notebook ``number``'s rung (None where it records none)."""
+    """Notebook ``number``'s rung (None where it records none): declared beside what its worker
+    builds (``gNN_worker``), which a worker imports without the notebook's checks."""
     if notebooks.get(number).stage is None:
         return None
-    module = importlib.import_module(f".{module_name(number)}", __package__)
+    module = importlib.import_module(f".g{number}_worker", __package__)
     if not isinstance(getattr(module, "RUNG", None), Rung):
         raise ValueError(f"notebook {number} records stage {notebooks.get(number).stage}, "
                          f"but {module.__name__} declares no RUNG")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import student
+from .rungs import Rung
 
 
 class Here:
@@ -29,3 +30,8 @@ class Side:
 
     def double(self, *, cases: list) -> list:
         return self.here.double(cases)
+
+
+# The rung: the step in the layout the student's CHANNELS_LAST chose (not in 06's pipeline).
+RUNG = Rung(lambda code, lab, made: made.configured(channels_last=bool(code("09")["CHANNELS_LAST"])),
+            in_worker=True, in_pipeline=False)
