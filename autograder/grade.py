@@ -60,6 +60,22 @@ def submitted_students(where: Course | Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
+def refuse_root_without_sandbox(sandboxed: bool) -> None:
+    """A CourseError where grading would run students' code as root: root, no sandbox to be had
+    here (an old bubblewrap without ``--size``, no user namespaces, ...), and ``--no-sandbox``
+    not given. Once, such a grader printed a warning and ran every notebook as root (issue 58)."""
+    import os
+
+    from . import sandbox
+
+    why = sandbox.problem()
+    if sandboxed and why and os.geteuid() == 0:
+        raise course.CourseError(
+            f"refusing to grade: there is no sandbox here ({why}), and as root the students' code would run "
+            "as root. Install a bubblewrap that starts here (0.8 or newer, for --size: apt-get install "
+            "bubblewrap), or pass --no-sandbox to grade without one on purpose (debugging the grader only).")
+
+
 def grade(where: Course | Path = course.COURSE_ROOT, students: list[str] | None = None, *,
           timeout_s: int | None = None, budget_s: float | None = None,
           submission_budget_s: float | None = None, sandboxed: bool = True,
@@ -78,6 +94,7 @@ def grade(where: Course | Path = course.COURSE_ROOT, students: list[str] | None 
     from labsupport.hardware import describe_machine
 
     the = course.of(where)
+    refuse_root_without_sandbox(sandboxed)
     carried = []  # an interrupted batch's finished submissions, when this one finishes it
     if students is None:
         carried, students = resumed(the)

@@ -70,7 +70,14 @@ class Inference:
             images = images + torch.randn(images.shape, generator=noise, device=self.device,
                                           dtype=images.dtype).contiguous(memory_format=torch.channels_last)
         with torch.no_grad(), self.autocast:
-            return self.fn(images)
+            if self.device.type != "cuda":
+                return self.fn(images)
+            # On CUDA a model compiled with mode="reduce-overhead" or "max-autotune" replays a CUDA
+            # graph, whose output tensor the next call overwrites: each call starts a new step and
+            # keeps a copy, on both sides alike (a few KB of logits), so every timed call's output
+            # can be compared with eager's after the timing (issue 58).
+            torch.compiler.cudagraph_mark_step_begin()
+            return self.fn(images).clone()
 
 
     def infer(self, call: int | None = None) -> torch.Tensor:
