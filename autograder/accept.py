@@ -130,9 +130,45 @@ def run_checks(numbers: tuple[str, ...], runs: int, out: Path, limit_s: float,
     return checks_table(rows)
 
 
+# The margin the reference must clear each class default by (issue 63): a bar it only just clears
+# fails a perfect student's self-check on a slower machine of the same class.
+DEFAULT_MARGIN = 0.05
+
+
+def versus_default(median: float | None, bar, better: str | None) -> str:
+    """How the reference's median compares with a class default set before this run: "clears" (by
+    at least :data:`DEFAULT_MARGIN`), "within 5%" (clears it, by less), "misses", or "" (no bar)."""
+    from labsupport import grading
+
+    if median is None or not isinstance(bar, (int, float)) or isinstance(bar, bool):
+        return ""
+    better = better or "higher"
+    if not grading.passes(median, bar, better):
+        return "misses"
+    with_margin = bar * (1 + DEFAULT_MARGIN) if better == "higher" else bar * (1 - DEFAULT_MARGIN)
+    return "clears" if grading.passes(median, with_margin, better) else "within 5%"
+
+
+def eased(table: pd.DataFrame) -> list[str]:
+    """The checks whose bar calibrate derived here is easier than the class default: what this
+    machine's students are graded against is lower than what the class promises. Each is named
+    in accept.md (a machine can be ready with eased bars; nobody should learn it by surprise)."""
+    out = []
+    for check, row in table.iterrows():
+        bar, calibrated = row["class default"], row["calibrated"]
+        if not isinstance(bar, (int, float)) or not isinstance(calibrated, (int, float)) or calibrated == bar:
+            continue
+        easier = calibrated < bar if row.get("better", "higher") == "higher" else calibrated > bar
+        if easier:
+            out.append(f"{check}: calibrated to {calibrated:.3g}, easier than the class default {bar:.3g} "
+                       f"(the reference measured {row['measured']:.3g} here)")
+    return out
+
+
 def checks_table(rows: list[dict]) -> pd.DataFrame:
-    """One row per check: the median measurement, its class default and whether it clears it, and
-    for a calibrated check the bar calibrate derives here and whether it clears that."""
+    """One row per check: the median measurement, its class default and how it compares with it
+    (:func:`versus_default`, a bar set before the run), and for a calibrated check the bar
+    calibrate derives here from these runs and whether it clears that."""
     from labsupport import grading
 
     specs = calibrate.calibrated_checks()
@@ -157,6 +193,7 @@ def checks_table(rows: list[dict]) -> pd.DataFrame:
         table.append({"check": row["check"], "measured": median,
                       "spread": f"{min(values):.3g}-{max(values):.3g}" if len(values) > 1 else "",
                       "class default": bar if bar is not None else "n/a", "at default": status,
+                      "vs default": versus_default(median, bar, row.get("better")), "better": row.get("better") or "higher",
                       "reason": "/".join(sorted(reasons)), "calibrated": calibrated, "clears it": clears,
                       "s": statistics.median(row["seconds"]) if row["seconds"] else None,
                       "note": "; ".join(sorted({n for n in row["notes"] if n}))[:160]})
@@ -251,6 +288,13 @@ def accept(parts: tuple[str, ...] = ("checks", "grade"), runs: int = 3,
         sections.append(f"\n## The reference's checks ({runs} run{'s' * (runs > 1)})\n\n"
                         + table.to_string(float_format=lambda v: f"{v:.3g}") + "\n")
         wrong += checks_ready(table)
+        flagged = eased(table)
+        sections.append("\n### Bars calibration eased on this machine\n\n"
+                        + ("\n".join(f"- {e}" for e in flagged) if flagged else "None.") + "\n")
+        short = [f"{check}: {row['vs default']} ({row['measured']:.3g} against {row['class default']})"
+                 for check, row in table.iterrows() if row["vs default"] in ("misses", "within 5%")]
+        sections.append("\n### Class defaults the reference does not clear by 5%\n\n"
+                        + ("\n".join(f"- {s}" for s in short) if short else "None.") + "\n")
     if "grade" in parts:
         table, problems = grade_reference(numbers, runs, out, the)
         sections.append(f"\n## The reference graded as a student ({runs} calibration run{'s' * (runs > 1)})\n\n"

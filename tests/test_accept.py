@@ -30,6 +30,13 @@ def test_a_class_is_ready_only_when_the_reference_clears_every_check():
     # A slower machine: calibrate eases the bar to 85% of the worst run, which the reference clears.
     slow = accept.checks_table([_row("02-loader-speedup", [2.0, 2.2], "fail", default=3.0)])
     assert slow.loc["02-loader-speedup", "calibrated"] == 1.7 and accept.checks_ready(slow) == []
+    # ... and says so: the bar is eased, and the reference misses the class default, set before the run.
+    assert slow.loc["02-loader-speedup", "vs default"] == "misses"
+    assert [e.split(":")[0] for e in accept.eased(slow)] == ["02-loader-speedup"]
+    assert accept.eased(table) == [] and table.loc["02-loader-speedup", "vs default"] == "clears"
+    assert table.loc["02-data-wait-share", "vs default"] == "clears"  # 0.05 <= 0.1 * 0.95, lower is better
+    near = accept.checks_table([_row("02-loader-speedup", [3.05, 3.1], "pass", default=3.0)])
+    assert near.loc["02-loader-speedup", "vs default"] == "within 5%"
 
     not_ready = accept.checks_table(ready + [
         _row("04-accum-match", [0.0], "fail", default=1.0, note="correctness check failed: gradients #0 differs",
