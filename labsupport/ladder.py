@@ -124,6 +124,13 @@ class PairedLadder:
                 out[s]["this_rung"] = self.speedup(s, before).median
         return out
 
+    def compile_line(self, stage: str) -> str:
+        """What compiling ``stage``'s step took and made: its first step's time, Dynamo's graphs and breaks."""
+        got = self.compiled[stage]
+        return (f"{self.labels[stage]}: its compile took {got['compile_s']:.1f} s (its first step); Dynamo made "
+                f"{got['graphs']} graph(s) with {got['graph_breaks']} graph break(s)"
+                + (": " + "; ".join(got["reasons"]) if got["reasons"] else "") + ".")
+
     def explanation(self, stage: str) -> str:
         """Why ``stage`` is slower than the rung it builds on, from what was measured."""
         before = self.builds_on[stage]
@@ -131,11 +138,8 @@ class PairedLadder:
         lines = [f"{self.labels[stage]} ran at {_ratio_text(ratio)} of {self.labels[before]}'s images/s, paired"
                  + (" (its spread reaches 1: maybe not slower; measure again on a quieter machine)."
                     if ratio.q3 >= 1 else ", slower in most rounds.")]
-        got = self.compiled.get(stage)
-        if got:
-            lines.append(f"Its compile took {got['compile_s']:.1f} s (first step); Dynamo made {got['graphs']} "
-                         f"graph(s) with {got['graph_breaks']} graph break(s)"
-                         + (": " + "; ".join(got["reasons"]) if got["reasons"] else "") + ".")
+        if stage in self.compiled:
+            lines.append(self.compile_line(stage))
         frame = self.causes.get(stage)
         if frame is not None and len(frame):
             top = frame[frame["change, µs/image"] > 0].head(3)
@@ -152,6 +156,9 @@ class PairedLadder:
               f"load average (1, 5, 15 min) {self.load.get('before')} before, {self.load.get('after')} after")
         for stage, why in self.not_timed.items():
             print(f"not timed: {stage}: {why}")
+        for stage in self.compiled:
+            if stage not in self.slower():
+                print(self.compile_line(stage))
         for stage in self.slower():
             print("\n" + self.explanation(stage))
             if stage in self.causes:
@@ -254,13 +261,17 @@ def paired(lab, lad=None, *, rounds: int | None = None, steps_per_round: int | N
     load = {"before": load_average()}
     built = _build(lab, stages, not_timed)
     compiled = {}
-    for b in built:  # warm up; a compiled rung's first step compiles, timed, with Dynamo's counts
-        if b.step.config.compiled:
-            from torch._dynamo.utils import counters
-            counters.clear()
-            compiled[b.stage] = {"compile_s": measure.one_off_s(b.run, lab.device), **_graph_counts()}
-        for _ in range(max(1, lab.profile.warmup_steps)):
-            b.run()
+    for b in list(built):  # warm up; a compiled rung's first step compiles, timed, with Dynamo's counts
+        try:
+            if b.step.config.compiled:
+                from torch._dynamo.utils import counters
+                counters.clear()
+                compiled[b.stage] = {"compile_s": measure.one_off_s(b.run, lab.device), **_graph_counts()}
+            for _ in range(max(1, lab.profile.warmup_steps)):
+                b.run()
+        except Exception as err:  # the carried code broke here: said, and the ladder goes on without it
+            not_timed[b.stage] = f"its step raised {type(err).__name__}: {str(err)[:200]}"
+            built.remove(b)
     # Short blocks and many rounds: each ratio is read over seconds, not minutes, and the median of
     # many rounds sheds the ones a burst of other work fell into (as many steps as the profile's pairs).
     steps = steps_per_round or max(1, lab.profile.steps_per_round // 2)
