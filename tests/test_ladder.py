@@ -88,3 +88,22 @@ def test_a_slower_rung_is_explained_by_its_profile_beside_its_base():
     paired.compiled["dear"] = {"compile_s": 1.5, "graphs": 2, "graph_breaks": 1, "reasons": ["a print"]}
     why = paired.explanation("dear")
     assert "0.33x" in why and "1 graph break" in why and "aten::sort" in why
+
+
+def test_06s_paired_ladder_times_each_rung_built_from_the_carried_code_and_names_the_missing(tiny_env):
+    """At the tiny profile: the baseline from nothing, 02's rung from the code its checks carried,
+    timed together in alternating rounds; the rungs whose notebooks carried no code are named with
+    what to run, not raised."""
+    from autograder import reference
+    from labsupport import carry
+    from labsupport.grading import grading_lab
+
+    lab = grading_lab()
+    carry.keep("02", reference.namespace("02"))
+    paired = ladder.paired(lab, rounds=3, steps_per_round=1, progress=False)
+    assert paired.stages == ("01-baseline", "02-data")
+    assert paired.orders == (("01-baseline", "02-data"), ("02-data", "01-baseline"), ("01-baseline", "02-data"))
+    assert set(paired.not_timed) == {"03-amp", "04-memory", "05-compile"}
+    assert "03" in paired.not_timed["03-amp"], paired.not_timed
+    assert list(paired.table().index) == ["baseline", "+data loading"]
+    assert paired.speedup("02-data", "01-baseline").n == 3 and paired.load["before"] is not None
