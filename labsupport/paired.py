@@ -13,7 +13,7 @@ of the per-round ratios with their quartiles. A rung slower than the one it buil
 by a measured cause: the two steps profiled side by side (the operators whose time changed most,
 per image) and, for a compiled rung, Dynamo's graphs, graph breaks and compile time.
 
-Used by 06_report (``ls.ladder.paired(lab, lad).show()``), beside the per-notebook ladder.
+Used by 06_report (``ls.paired.ladder(lab, lad).show()``), beside the per-notebook ladder.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def _build(lab, stages: list[str], not_timed: dict[str, str]) -> list[_Built]:
     return built
 
 
-def paired(lab, lad=None, *, rounds: int | None = None, steps_per_round: int | None = None,
+def ladder(lab, lad=None, *, rounds: int | None = None, steps_per_round: int | None = None,
            progress: bool = True) -> PairedLadder:
     """Every rung of ``lad`` (default: every rung of the ladder) timed in this process, in interleaved
     rounds (default: twice the profile's ``rounds`` and more, of half its ``steps_per_round``), each

@@ -1,4 +1,4 @@
-"""06's paired ladder (labsupport/ladder.py): rounds interleave every rung, the order of two rungs of
+"""06's paired ladder (labsupport/paired.py): rounds interleave every rung, the order of two rungs of
 clearly different cost holds under a competing process, the spread is reported, and a slower
 rung's cause is measured."""
 
@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 import torch
 
-from labsupport import ladder
+from labsupport import paired as pairing
 
 
 def test_every_round_times_every_rung_once_alternating_order():
     log = []
     sides = {name: (lambda name=name: log.append(name)) for name in ("a", "b", "c")}
-    seconds, orders = ladder.time_rounds(sides, "cpu", rounds=4, steps_per_round=2)
+    seconds, orders = pairing.time_rounds(sides, "cpu", rounds=4, steps_per_round=2)
     assert orders == [("a", "b", "c"), ("c", "b", "a")] * 2
     # each block is steps_per_round calls of one side; the blocks follow each round's order
     assert log == [side for order in orders for side in order for _ in range(2)]
@@ -33,9 +33,9 @@ def _matmuls(times: int):
 
 def _paired(seconds, orders, steps=2):
     per_image = {s: tuple(t / steps for t in v) for s, v in seconds.items()}
-    return ladder.PairedLadder(("cheap", "dear"), {"cheap": "baseline", "dear": "+dear"},
+    return pairing.PairedLadder(("cheap", "dear"), {"cheap": "baseline", "dear": "+dear"},
                                {"cheap": None, "dear": "cheap"}, per_image, tuple(orders), steps,
-                               {"before": ladder.load_average()})
+                               {"before": pairing.load_average()})
 
 
 def test_order_of_two_rungs_holds_under_a_competing_process():
@@ -47,7 +47,7 @@ def test_order_of_two_rungs_holds_under_a_competing_process():
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            seconds, orders = ladder.time_rounds({"cheap": _matmuls(5), "dear": _matmuls(20)}, "cpu",
+            seconds, orders = pairing.time_rounds({"cheap": _matmuls(5), "dear": _matmuls(20)}, "cpu",
                                                  rounds=7, steps_per_round=2)
         finally:
             torch.set_num_threads(threads)
@@ -77,7 +77,7 @@ def test_table_sets_paired_figures_beside_each_notebooks_own():
 
 def test_a_slower_rung_is_explained_by_its_profile_beside_its_base():
     a = torch.randn(128, 128)
-    frame = ladder.profile_side_by_side({"base": (lambda: a @ a, 1),
+    frame = pairing.profile_side_by_side({"base": (lambda: a @ a, 1),
                                          "slower": (lambda: (a @ a, torch.sort(torch.randn(200_000))), 1)}, "cpu")
     assert frame.columns[-1] == "change, µs/image"
     top = frame.drop(index="total (every operator)")
@@ -100,10 +100,10 @@ def test_06s_paired_ladder_times_each_rung_built_from_the_carried_code_and_names
 
     lab = grading_lab()
     carry.keep("02", reference.namespace("02"))
-    paired = ladder.paired(lab, rounds=3, steps_per_round=1, progress=False)
-    assert paired.stages == ("01-baseline", "02-data")
-    assert paired.orders == (("01-baseline", "02-data"), ("02-data", "01-baseline"), ("01-baseline", "02-data"))
-    assert set(paired.not_timed) == {"03-amp", "04-memory", "05-compile"}
-    assert "03" in paired.not_timed["03-amp"], paired.not_timed
-    assert list(paired.table().index) == ["baseline", "+data loading"]
-    assert paired.speedup("02-data", "01-baseline").n == 3 and paired.load["before"] is not None
+    table = pairing.ladder(lab, rounds=3, steps_per_round=1, progress=False)
+    assert table.stages == ("01-baseline", "02-data")
+    assert table.orders == (("01-baseline", "02-data"), ("02-data", "01-baseline"), ("01-baseline", "02-data"))
+    assert set(table.not_timed) == {"03-amp", "04-memory", "05-compile"}
+    assert "03" in table.not_timed["03-amp"], table.not_timed
+    assert list(table.table().index) == ["baseline", "+data loading"]
+    assert table.speedup("02-data", "01-baseline").n == 3 and table.load["before"] is not None
