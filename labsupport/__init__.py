@@ -16,6 +16,7 @@ One module per idea; read any of them in one sitting:
 - ``carry``: the student's code of one notebook, kept for the notebooks after it.
 - ``grading``: thresholds, verdicts and the self-check; one module of graded checks per notebook.
 - ``report``: the optimisation ladder from the results store, its plots, the one-file HTML export.
+- ``paired``: 06's paired ladder: every rung timed in one process, in interleaved rounds, with its spread.
 - ``compress``: 07's harness: a trained fp32 model, and the size, latency and accuracy of a compressed one.
 - ``distributed``: DDP over gloo in processes on this machine (08, optional).
 
@@ -23,9 +24,9 @@ Nothing in it answers a graded question: the reference solutions live with the i
 Importing it only imports: no seeding, no backend flags, no downloads. Call ``ls.setup()``.
 """
 
-from . import (carry, compress, dataset, distributed, grading, hardware, measure, memory, notebooks, paths, pipeline,
-               report, results, train)
-from .grading import check
+from . import (carry, compress, dataset, distributed, grading, hardware, measure, memory, notebooks,
+               paths, pipeline, report, results, train)
+from .grading import check, paired
 from .hardware import Lab, Profile, describe_machine, pick_device, profile_for, setup
 from .grading.rungs import measure_here as _measure_here
 from .train import StepConfig, TrainStep, make_step
@@ -34,7 +35,7 @@ from .train import StepConfig, TrainStep, make_step
 # it lives with the grader (report sits below it: tests/test_layers.py), so it is attached here, above both.
 report.measure_here = _measure_here
 
-__all__ = ["carry", "check", "compress", "dataset", "distributed", "grading", "hardware", "measure", "memory", "notebooks", "paths",
+__all__ = ["carry", "check", "compress", "dataset", "distributed", "grading", "hardware", "measure", "memory", "notebooks", "paired", "paths",
            "pipeline", "report", "results", "train",
            "Lab", "Profile", "describe_machine", "pick_device", "profile_for", "setup",
            "StepConfig", "TrainStep", "make_step"]

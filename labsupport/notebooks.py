@@ -135,6 +135,9 @@ COMPUTE: tuple[ComputeTimes, ...] = (
     ComputeTimes("cuda", "estimated, not measured (an older GPU, a P100 say): the T4's estimate times 1-1.5 "
                  "(fp16 without tensor cores, nothing compiled)",
                  {n: (a, round(1.5 * b)) for n, (a, b) in _T4.items()}),
+    ComputeTimes("cpu-amx", "estimated, not measured (2 cores of an Intel Xeon with AMX): class cpu-bf16's measured "
+                 "times, times 0.7-1 (AMX's bf16 convolutions are faster; the fp32 and loader work is not)",
+                 {n: (round(0.7 * s), s) for n, s in _CPU_BF16.items()}),
     ComputeTimes("mps", "estimated, not measured (Apple silicon): class cpu-bf16's measured times, times 1-3 "
                  "(the same image size, twice the batch)", {n: (s, 3 * s) for n, s in _CPU_BF16.items()}),
 )

@@ -1,5 +1,7 @@
 """Device classes, scale profiles and the machine description."""
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,8 @@ from labsupport.hardware import PROFILES, classify, cpu_bf16_units, profile_for
     ("cuda", "7.5", "amx", "cuda-tensorcore"),  # T4 (the CPU does not matter)
     ("cuda", "6.1", "none", "cuda"),  # P4 / GTX 10xx: no tensor cores
     ("mps", None, "none", "mps"),
-    ("cpu", None, "amx", "cpu-bf16"),
-    ("cpu", None, "avx512_bf16", "cpu-bf16"),
+    ("cpu", None, "amx", "cpu-amx"),  # Intel Xeon from Sapphire Rapids
+    ("cpu", None, "avx512_bf16", "cpu-bf16"),  # AMD Zen 4 and 5, Intel Cooper Lake: no AMX
     ("cpu", None, "none", "cpu"),
 ])
 def test_classify(device, capability, units, expected):
@@ -36,6 +38,31 @@ def test_onednn_isa_cap_hides_bf16_units(monkeypatch):
     assert cpu_bf16_units(amx, "AVX512_CORE_AMX") == "amx"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert cpu_bf16_units(amx) == "none"
+    # so an AMX machine capped at AVX-512 BF16 is graded as the CPUs without AMX are
+    assert classify("cpu", None, cpu_bf16_units(amx, "AVX512_CORE_BF16")) == "cpu-bf16"
+
+
+def test_the_two_bf16_cpu_kinds_are_classes_of_their_own_with_their_own_bars():
+    """AMX CPUs and AVX-512 BF16 CPUs without AMX share their profile's sizes, but not their bars:
+    the reference missed three of the one class's bars on the second kind (issue 63). Each bar of
+    the AVX-512 BF16 class that differs says, beside it, what it was and what the reference measured."""
+    import tomllib
+
+    amx, bf16 = hardware.CLASSES["cpu-amx"], hardware.CLASSES["cpu-bf16"]
+    assert dataclasses.replace(amx.profile, name="") == dataclasses.replace(bf16.profile, name="")
+    text = (Path(hardware.__file__).parent / "thresholds.toml").read_text()
+    checks = tomllib.loads(text)["checks"]
+    for name, spec in checks.items():
+        assert ("cpu-amx" in spec and "cpu-bf16" in spec) or "every-class" in spec, \
+            f"{name} has a bar for each bf16 CPU kind"
+    differ = {name for name, spec in checks.items() if "every-class" not in spec and spec["cpu-amx"] != spec["cpu-bf16"]}
+    assert differ == {"04-time-overhead", "05-compile-speedup", "06-end-to-end"}
+    for name in differ:
+        table = text.split(f'[checks."{name}"]')[1].split("[checks.")[0]
+        said = table.split("cpu-bf16 =")[0].rsplit("cpu-amx =", 1)[1]
+        was = re.search(r"cpu-bf16 \(.*?\) was (\d+(?:\.\d+)?)", said)
+        assert was and float(was.group(1)) == checks[name]["cpu-amx"], f"{name}: the comment says what the bar was"
+        assert "AMD EPYC" in said and "issue 63" in said, f"{name}: the comment says what the reference measured where"
 
 
 def test_every_device_class_has_one_row_in_the_table():
@@ -62,8 +89,8 @@ def test_this_machine_is_classified_from_its_cpu_flags(monkeypatch):
         pytest.skip("no /proc/cpuinfo to check against")
     flags = set(next(line for line in cpuinfo.read_text().splitlines()
                      if line.startswith("flags")).split(":")[1].split())
-    expected = "cpu-bf16" if {"amx_bf16", "avx512_bf16"} & flags else "cpu"
-    assert machine.device_class == expected and machine.bf16 == (expected == "cpu-bf16")
+    expected = "cpu-amx" if "amx_bf16" in flags else "cpu-bf16" if "avx512_bf16" in flags else "cpu"
+    assert machine.device_class == expected and machine.bf16 == (expected != "cpu")
 
 
 def test_lab_device_forces_cpu(monkeypatch):
