@@ -130,8 +130,7 @@ def bandwidth(device: torch.device | str, *, matmul_n: int | None = None, min_ru
 # Nsight's command lines (NVIDIA GPUs only). nsys records a timeline of the whole process (CPU
 # threads, CUDA API calls, kernels, copies and the NVTX ranges); ncu replays chosen kernels and
 # reads their hardware counters (memory throughput, achieved occupancy, the roofline).
-NSYS_COMMAND = ("nsys profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi "
-                "-o 01-nsys python train.py")
+NSYS_COMMAND = "nsys profile --trace=cuda,nvtx,osrt -o 01-nsys python train.py"
 NSYS_STATS_COMMAND = "nsys stats --report nvtx_sum,cuda_gpu_kern_sum 01-nsys.nsys-rep"
 NCU_COMMAND = ("ncu --nvtx --nvtx-include 'forward/' --set full --launch-count 5 "
                "-o 01-ncu python train.py")
