@@ -19,13 +19,15 @@ One module per idea; read any of them in one sitting:
 - ``paired``: 06's paired ladder: every rung timed in one process, in interleaved rounds, with its spread.
 - ``compress``: 07's harness: a trained fp32 model, and the size, latency and accuracy of a compressed one.
 - ``distributed``: DDP over gloo in processes on this machine (08, optional).
+- ``topics``: short measured topics beside the graded work (hooks, bandwidth, packed files, threads,
+  training memory, export, attention).
 
 Nothing in it answers a graded question: the reference solutions live with the instructor.
 Importing it only imports: no seeding, no backend flags, no downloads. Call ``ls.setup()``.
 """
 
 from . import (carry, compress, dataset, distributed, grading, hardware, measure, memory, notebooks,
-               paths, pipeline, report, results, train)
+               paths, pipeline, report, results, topics, train)
 from .grading import check, paired
 from .hardware import Lab, Profile, describe_machine, pick_device, profile_for, setup
 from .grading.rungs import measure_here as _measure_here
@@ -36,6 +38,6 @@ from .train import StepConfig, TrainStep, make_step
 report.measure_here = _measure_here
 
 __all__ = ["carry", "check", "compress", "dataset", "distributed", "grading", "hardware", "measure", "memory", "notebooks", "paired", "paths",
-           "pipeline", "report", "results", "train",
+           "pipeline", "report", "results", "topics", "train",
            "Lab", "Profile", "describe_machine", "pick_device", "profile_for", "setup",
            "StepConfig", "TrainStep", "make_step"]
