@@ -28,7 +28,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .measure import profiler, sync
+from .measure import sync
+from .profiling import profiler
 
 # 04's memory budget: this many times the peak of the plain step at the profile's batch. The doubled
 # batch, checkpointed, must fit under it.
