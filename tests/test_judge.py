@@ -1052,7 +1052,7 @@ def measure_throughput(step, device, *, warmup, steps, samples_per_step):
 DELEGATED_01 = """
 
 from labsupport.measure import time_steps as _timer
-from labsupport.grading import g01_worker as _g01
+from labsupport.grading import g01_profile as _g01
 
 
 def measure_throughput(step, device, *, warmup, steps, samples_per_step):

@@ -16,7 +16,7 @@ expected answer) has a class ``Side(namespace, lab, student=...)`` whose ``ASKED
 methods the judge may call (``ask``); what a method returns is sent back as plain data (numbers,
 text, lists, dicts), tensors copied into the judge's shared buffer, or, for anything else, a handle
 to the object kept here, of which its class's ``ASKED`` may be asked in turn (``ask`` with
-``handle``) and which may be iterated (``iter``, ``next``: a loader's batches). The rest is the
+``handle``) and which may be iterated (``iter``, ``next``: batches, one at a time). The rest is the
 same for every notebook: ``load``, ``guard``, ``echo``, the notebook's rung (``rung``,
 ``rung_batch``, ``rung_peak``, ``rung_step``) and ``quit``.
 
