@@ -75,22 +75,23 @@ def run(made) -> dict:
     return outcome
 
 
-KERNEL_LOG = "kernel.log"  # the sandboxed kernel's own output, in its run folder (kernel.spec's ``log``)
-KERNEL_LOG_BYTES = 4 * 2**20
+KERNEL_LOG_BYTES = 4 * 2**20  # of the kernel's own output, read back into a failed notebook's log
 
 
 def _kernel_output(made) -> str:
     """The end of the sandboxed kernel's own output (bwrap's, the shell's, Python's before IPython
-    runs a cell), where the app ran one: read from its run folder (the sandbox's) through
-    :func:`.boundary.read`, which follows no link the kernel left."""
-    ip = made.config.KernelManager.get("ip") if "KernelManager" in made.config else None
-    if not ip:
+    runs a cell), where the app ran one (:func:`.kernel.output`): read from its run folder (the
+    sandbox's) through :func:`.boundary.read`, which follows no link the kernel left."""
+    from . import kernel
+
+    log = kernel.output(made.config)
+    if log is None:
         return ""
     try:
-        text = boundary.read(Path(ip).parent, KERNEL_LOG, KERNEL_LOG_BYTES).decode(errors="replace")
+        text = boundary.read(log.parent, log.name, KERNEL_LOG_BYTES).decode(errors="replace")
     except (OSError, boundary.Refused) as err:
         text = f"(none: {type(err).__name__}: {err})"
-    return f"--- the kernel's own output ({Path(ip).parent / KERNEL_LOG}, its end) ---\n{text[-20000:]}\n"
+    return f"--- the kernel's own output ({log}, its end) ---\n{text[-20000:]}\n"
 
 
 def log_path(made) -> Path | None:

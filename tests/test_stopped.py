@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 import scenarios
-from autograder import course, release, sandbox
+from autograder import course, kernel, release, sandbox
 
 pytestmark = pytest.mark.skipif(sandbox.problem() is not None, reason=f"no sandbox here: {sandbox.problem()}")
 
@@ -36,9 +36,15 @@ SETTLE_S = 10  # the issue's bar: nothing of the batch left this long after it w
 
 @pytest.fixture
 def two_submissions(tmp_path, tiny_data):
-    """A course with the release, ``blank``'s and ``reference``'s 01, and the environment to grade it."""
-    root = tmp_path / "course"
-    root.mkdir()
+    """A course with the release, ``blank``'s and ``reference``'s 01, and the environment to grade it.
+
+    Its root lies deep enough that a submission's run folder passes a Unix socket's 107 bytes, as
+    an instructor's course root may, and as make test's temporary folders did (pytest-xdist's
+    ``popen-gwN``): a kernel that bound its channels there could not start, and every resumed
+    notebook "failed to run" at once (kernel.SOCKETS)."""
+    root = tmp_path / "an-instructor-s-course-folder" / "course"
+    root.mkdir(parents=True)
+    assert len(str(root / "sandbox" / "students" / "blank" / "run" / "kernel-1")) > kernel.IPC_PATH_MAX
     shutil.copyfile(course.COURSE_ROOT / course.CONFIG_NAME, root / course.CONFIG_NAME)
     shutil.copytree(course.source_dir(), root / "source", ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     released = release.generate(root)
@@ -158,17 +164,10 @@ def test_a_stopped_grade_ends_everything_and_records_only_what_the_judge_decided
     assert grader.returncode == 0, out[-3000:]
     assert _left_behind(root) == []
     summary = pd.read_csv(root / "grading_summary.csv", keep_default_na=False)
-    if "failed to run" in set(summary.status):
-        # Seen twice under make test (never alone, under a CPU hog, or beside other sandboxed tests):
-        # the resumed grade's nbgrader autograde raised at once for both 01s (kernel 0 s). An open
-        # defect of resuming a stopped batch, said here and in the issue, not hidden: every step
-        # before this one (nothing left, no provisional mark, the interrupted CSVs) was asserted.
-        errors = "; ".join(sorted(set(summary.errors.astype(str)) - {"", "[]"}))[:1500]
-        for kept in sorted((root / "grading_logs").rglob("*.log")):
-            errors += f"\n--- {kept} ---\n" + kept.read_text(errors="replace")[-4000:]
-        pytest.xfail(f"the resumed grade failed to run its notebooks (open defect): {errors}\n{out[-1500:]}")
+    kept = "".join(f"\n--- {p} ---\n" + p.read_text(errors="replace")[-3000:]
+                   for p in sorted((root / "grading_logs").rglob("*.autograde.log")))  # why a notebook failed to run
     assert _scores(root) == {"blank": 0.0, "reference": FULL}, \
-        summary[["student", "notebook", "status", "errors"]].to_string() + "\n" + out[-3000:]
+        summary[["student", "notebook", "status", "errors"]].to_string() + "\n" + out[-3000:] + kept
     assert set(summary.status) == {"graded", "missing"} and not summary.interrupted.astype(str).eq("True").any(), summary
     first = summary.loc[summary.notebook == NOTEBOOK].set_index("student")
     assert first.status.to_dict() == {"blank": "graded", "reference": "graded"}, summary
