@@ -65,6 +65,8 @@ def run(made) -> dict:
         return outcome
     if outcome["success"]:
         path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the student's folder, once it holds no log
+            path.parent.rmdir()
         return outcome
     with contextlib.suppress(OSError):  # a log that cannot be kept leaves the one line of the summary
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -217,3 +217,55 @@ def _real_uid(p: psutil.Process) -> int | None:
         return p.uids().real
     except psutil.Error:
         return None
+
+
+def test_a_notebook_that_fails_to_run_keeps_its_whole_log_where_the_summary_says(tmp_path):
+    """nbgrader logs the error of a notebook it could not run (a kernel that never started) before
+    its last words ("Please see the above traceback"): the summary's line says that error and
+    names a file that keeps the whole log, with the sandboxed kernel's own output; a later
+    success removes it."""
+    import logging
+    import types
+
+    from traitlets.config import Config
+
+    from autograder import gradebook
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / kernel.LOG).write_text("zmq.error.ZMQError: ipc path is longer than 107 characters\n")
+
+    class Autograde:
+        fails = True
+
+        def __init__(self):
+            self.log = logging.getLogger("test-autograde")
+            self.coursedir = types.SimpleNamespace(root=str(tmp_path / "course"), student_id="alice",
+                                                   notebook_id=NOTEBOOK)
+            self.config = Config()
+            for key, value in kernel.settings(run, tmp_path / "connection").items():
+                section, name = key.split("__")
+                self.config[section][name] = value
+
+        def start(self):
+            if not self.fails:
+                return
+            try:
+                raise RuntimeError("the kernel exited (code 1) before it opened its channels")
+            except RuntimeError:
+                import traceback
+
+                self.log.error("There was an error processing assignment: lab")
+                self.log.error(traceback.format_exc())
+            self.log.error("Please see the the above traceback for details on the specific errors")
+            raise ValueError("Please see the the above traceback for details on the specific errors")
+
+    outcome = gradebook.run(Autograde())
+    line = gradebook.last_error_line(outcome)
+    kept = tmp_path / "course" / gradebook.LOGS / "alice" / f"{NOTEBOOK}.autograde.log"
+    assert "RuntimeError: the kernel exited (code 1)" in line and str(kept) in line, line
+    assert "above traceback" not in line, line
+    text = kept.read_text()
+    assert "Traceback (most recent call last)" in text and "ZMQError: ipc path is longer" in text, text
+    Autograde.fails = False
+    assert gradebook.run(Autograde())["success"] and not kept.exists() and not kept.parent.exists()
