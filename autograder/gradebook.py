@@ -54,7 +54,8 @@ def run(made) -> dict:
     """Run an nbgrader app, capturing its log: ``{"success": bool, "log": str, "error": str}``.
 
     When it fails, its whole log and traceback are kept in ``grading_logs/<student>/<notebook>.<app>.log``
-    (:func:`log_path`; ``"log_path"`` in the answer): the summary's one line (:func:`last_error_line`)
+    (:func:`log_path`; ``"log_path"`` in the answer, ``"log_name"`` relative to the course root, where
+    a task's copy brings it back): the summary's one line (:func:`last_error_line`)
     names that file. A later run of the same app that succeeds removes it."""
     from nbgrader.utils import capture_log
 
@@ -74,6 +75,7 @@ def run(made) -> dict:
                         f"grader pid {os.getpid()}\n\n--- log ---\n{outcome.get('log') or ''}\n"
                         f"--- traceback ---\n{outcome.get('error') or ''}\n{_kernel_output(made)}")
         outcome["log_path"] = str(path)
+        outcome["log_name"] = str(path.relative_to(Path(made.coursedir.root)))
     return outcome
 
 
@@ -110,8 +112,8 @@ def last_error_line(outcome: dict) -> str:
     """The last [ERROR] line an nbgrader app logged (else the last line of its traceback), and the
     file that keeps its whole log (:func:`run`)."""
     line = _last_error(outcome)
-    if outcome.get("log_path"):
-        line += f" (whole log: {course.shown(Path(outcome['log_path']))})"
+    if outcome.get("log_name"):  # relative: a task's course copy is not the course root its files end in
+        line += f" (whole log: {outcome['log_name']} in the course root)"
     return line
 
 

@@ -68,7 +68,7 @@ def unfinished(job: Path) -> list[int]:
 # --- one task -------------------------------------------------------------------------------------
 
 # What a task brings back from its private course, and the merge puts into the course.
-BROUGHT_BACK = ("autograded/{s}", "results/{s}", "reports/{s}.html", "verdicts/{s}")
+BROUGHT_BACK = ("autograded/{s}", "results/{s}", "reports/{s}.html", "verdicts/{s}", "grading_logs/{s}")
 
 
 def run_task(where: Course | Path, job: Path, student: str, *, timeout_s: int | None = None) -> dict:
