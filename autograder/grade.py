@@ -22,8 +22,10 @@ Outputs in the course root: ``grades.csv`` (nbgrader's export, one row per stude
 ``grades_by_check.csv`` (one row per student and graded cell, with the judge's table),
 ``grading_summary.csv`` (one row per student and notebook: status, score, seconds, edited cells,
 cells the kernel scored otherwise than the grader, gradebook repairs), ``verdicts/<student>/``
-(the judge's decisions), ``results/<student>/`` (the grader's measurements), and
-``reports/<student>.html`` (the report the student's 06 exported).
+(the judge's decisions), ``results/<student>/`` (the grader's measurements),
+``reports/<student>.html`` (the report the student's 06 exported), and, for a notebook that failed
+to run, ``grading_logs/<student>/<notebook>.autograde.log``: nbgrader's whole log, its traceback
+and the sandboxed kernel's own output (:func:`.gradebook.run`; the summary's error names it).
 
 The modules behind it: :mod:`.submission` (one submission: folders, sandboxes, kernels, the
 judge), :mod:`.gradebook` (nbgrader's apps, the gradebook, the CSVs), :mod:`.tasks` (a
@@ -270,6 +272,8 @@ def print_summary(grades: list[NotebookGrade], where: Course | Path) -> None:
         for student, why in held:
             print(f"  {student}: {why}")
     root = course.shown(course.of(where).root)
+    if any(g.status == "failed to run" for g in grades):
+        print(f"why a notebook failed to run: {root}/{gradebook.LOGS}/<student>/<notebook>.autograde.log")
     print(f"grades: {root}/grades.csv, per check: {root}/grades_by_check.csv, "
           f"summary: {root}/grading_summary.csv, feedback: {root}/feedback/<student>/, "
           f"the grader's verdicts: {root}/verdicts/<student>/")

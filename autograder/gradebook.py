@@ -10,7 +10,10 @@ live in ``verdicts/`` (:mod:`.deciding`) and are joined to the gradebook's score
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import sqlite3
+import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -18,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 
-from . import course, deciding, reports
+from . import boundary, course, deciding, reports
 from .course import Course
 
 # nbgrader's gradebook warns on every submission with SQLAlchemy 2 (nbgrader/api.py); harmless,
@@ -44,24 +47,95 @@ def app(kind, where: Course | Path, **settings):
     return made
 
 
+LOGS = "grading_logs"  # in the course root: nbgrader's whole log of each app that failed, per student
+
+
 def run(made) -> dict:
-    """Run an nbgrader app, capturing its log: ``{"success": bool, "log": str, "error": str}``."""
+    """Run an nbgrader app, capturing its log: ``{"success": bool, "log": str, "error": str}``.
+
+    When it fails, its whole log and traceback are kept in ``grading_logs/<student>/<notebook>.<app>.log``
+    (:func:`log_path`; ``"log_path"`` in the answer, ``"log_name"`` relative to the course root, where
+    a task's copy brings it back): the summary's one line (:func:`last_error_line`)
+    names that file. A later run of the same app that succeeds removes it."""
     from nbgrader.utils import capture_log
 
     with course.venv_on_path():
-        return capture_log(made)
+        outcome = capture_log(made)
+    path = log_path(made)
+    if path is None:
+        return outcome
+    if outcome["success"]:
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the student's folder, once it holds no log
+            path.parent.rmdir()
+        return outcome
+    with contextlib.suppress(OSError):  # a log that cannot be kept leaves the one line of the summary
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# nbgrader {type(made).__name__}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, "
+                        f"grader pid {os.getpid()}\n\n--- log ---\n{outcome.get('log') or ''}\n"
+                        f"--- traceback ---\n{outcome.get('error') or ''}\n{_kernel_output(made)}")
+        outcome["log_path"] = str(path)
+        outcome["log_name"] = str(path.relative_to(Path(made.coursedir.root)))
+    return outcome
+
+
+KERNEL_LOG_BYTES = 4 * 2**20  # of the kernel's own output, read back into a failed notebook's log
+
+
+def _kernel_output(made) -> str:
+    """The end of the sandboxed kernel's own output (bwrap's, the shell's, Python's before IPython
+    runs a cell), where the app ran one (:func:`.kernel.output`): read from its run folder (the
+    sandbox's) through :func:`.boundary.read`, which follows no link the kernel left."""
+    from . import kernel
+
+    log = kernel.output(made.config)
+    if log is None:
+        return ""
+    try:
+        text = boundary.read(log.parent, log.name, KERNEL_LOG_BYTES).decode(errors="replace")
+    except (OSError, boundary.Refused) as err:
+        text = f"(none: {type(err).__name__}: {err})"
+    return f"--- the kernel's own output ({log}, its end) ---\n{text[-20000:]}\n"
+
+
+def log_path(made) -> Path | None:
+    """Where a failed run of the nbgrader app ``made`` keeps its log (None for an app of no one student)."""
+    coursedir = getattr(made, "coursedir", None)
+    student = getattr(coursedir, "student_id", "*")
+    if coursedir is None or not student or "*" in student:
+        return None
+    notebook = coursedir.notebook_id if coursedir.notebook_id and "*" not in coursedir.notebook_id else "all"
+    return Path(coursedir.root) / LOGS / student / f"{notebook}.{type(made).__name__.lower()}.log"
 
 
 def last_error_line(outcome: dict) -> str:
-    """The last [ERROR] line an nbgrader app logged (else the last line of its traceback)."""
-    text = (outcome.get("log") or "") + "\n" + (outcome.get("error") or "")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    # nbgrader's own last words are often "Please see the above traceback": the error itself is the
-    # traceback's last line, said beside it.
-    errors = [line for line in lines if line.startswith("[ERROR]") and "see the the above traceback" not in line
-              and "see the above traceback" not in line]
-    raised = [line for line in lines if not line.startswith("[") and ("Error" in line or "Exception" in line)]
-    return "; ".join(dict.fromkeys((errors[-1:] or []) + raised[-1:])).strip()[:300] or (lines or ["unknown error"])[-1][:300]
+    """The last [ERROR] line an nbgrader app logged (else the last line of its traceback), and the
+    file that keeps its whole log (:func:`run`)."""
+    line = _last_error(outcome)
+    if outcome.get("log_name"):  # relative: a task's course copy is not the course root its files end in
+        line += f" (whole log: {outcome['log_name']} in the course root)"
+    return line
+
+
+# nbgrader's last words after a failure point elsewhere ("Please see the above traceback"): not the error.
+_POINTERS = ("see the above traceback", "see the the above traceback", "see the error log")
+# A traceback's last line: the exception raised ("RuntimeError: the kernel exited ...").
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Refused|Stopped)\b")
+
+
+def _last_error(outcome: dict) -> str:
+    """The root of a failure in a line: the exception nbgrader logged (the traceback of what went
+    wrong), after its last [ERROR] line that says more than a pointer; else the exception that
+    ended the app."""
+    def lines(text):
+        return [line.strip() for line in (text or "").splitlines()
+                if line.strip() and not any(p in line for p in _POINTERS)]
+
+    logged, ended = lines(outcome.get("log")), lines(outcome.get("error"))
+    errors = [line for line in logged if line.startswith("[ERROR]") and "Traceback (most recent call last)" not in line]
+    raised = ([line for line in logged if _RAISED.match(line)] or [line for line in ended if _RAISED.match(line)])
+    said = "; ".join(dict.fromkeys(errors[-1:] + raised[-1:]))
+    return said[:300] or ((logged + ended) or ["unknown error"])[-1][:300]
 
 
 def feedback(where: Course | Path, student: str) -> None:

@@ -2,7 +2,11 @@
 its channels, reached through descriptors, never by a path the sandbox holds.
 
 A sandboxed kernel binds its five channels (shell, iopub, stdin, control, heartbeat) as Unix
-sockets (Jupyter's ``ipc`` transport) in its run folder, which it owns and writes. A client that
+sockets (Jupyter's ``ipc`` transport) in its run folder, which it owns and writes, and which the
+sandbox shows it at a short path of its own (:data:`SOCKETS`): a Unix socket's path holds at most
+107 bytes, and the run folder's own path lies below the course root, as long as the instructor's
+(a kernel bound there failed to start once that path passed 107 bytes: under ``make test``'s
+``/tmp/pytest-of-root/pytest-N/popen-gwN/...``, each notebook "failed to run" at once). A client that
 connects by those paths reconnects by them after every dropped connection (zmq, every 100 ms) and
 after every missed heartbeat (jupyter_client opens a new heartbeat socket each second): a kernel
 that put a link at a channel's name made the grader ``connect()``, as root, 71 times in 6 s to a
@@ -32,10 +36,11 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Float
+from traitlets import Float, Unicode
 
 from . import boundary, sandbox, sandbox_users
 
@@ -46,16 +51,25 @@ PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "
 LINKS_IN = "/run" if os.access("/run", os.W_OK) else tempfile.gettempdir()
 POLL_S = 0.05  # between looks for the kernel's sockets while it starts
 SPEC = "lab-sandbox"  # the kernel spec's name
+# Where the sandbox shows the kernel its run folder, and so where it binds its channels: short,
+# whatever the course root's path (a Unix socket's path holds at most IPC_PATH_MAX bytes).
+SOCKETS = Path("/run/kernel")
+IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux (zmq.IPC_PATH_MAX_LEN)
+LOG = "kernel.log"  # the kernel process's own output, in its run folder
 
 
-def spec(folder: Path, box: sandbox.Sandbox, log: Path) -> None:
+def spec(folder: Path, box: sandbox.Sandbox, log: Path, run: Path | None = None) -> None:
     """A kernel spec ``lab-sandbox`` in ``folder`` (put on JUPYTER_PATH) that starts IPython in ``box``.
 
     nbgrader writes the connection file (mode 600, root's) into root's own folder, which the
     sandbox sees read-only (:func:`settings`); the sandbox's root copies it to its own /tmp for the
-    kernel, which runs as nobody and binds its channels in the run folder. The kernel process's
-    own output (its banner, C++ libraries' logging) goes to ``log``, not the grader's terminal.
+    kernel, which runs as nobody and binds its channels in ``run``, its run folder (one of
+    ``box``'s writable folders; default: ``log``'s folder), which the sandbox also shows it at
+    :data:`SOCKETS`, where the connection file says to bind. The kernel process's own output (its
+    banner, C++ libraries' logging) goes to ``log`` (:data:`LOG` in its run folder, where
+    :func:`output` finds it), not the grader's terminal.
     """
+    box = replace(box, mounts=(*box.mounts, (Path(run or Path(log).parent), SOCKETS)))
     argv = box.command([sys.executable, "-m", "ipykernel_launcher", "-f", "/tmp/kernel.json"],
                        before="cp '{connection_file}' /tmp/kernel.json && chmod 0644 /tmp/kernel.json",
                        log=log)
@@ -70,11 +84,18 @@ def spec(folder: Path, box: sandbox.Sandbox, log: Path) -> None:
 
 def settings(run: Path, connection: Path) -> dict[str, object]:
     """nbgrader's settings for the kernel of :func:`spec`, which binds its channels in ``run`` (the
-    sandbox's folder) and reads its connection file from ``connection`` (root's, read-only in the
-    sandbox)."""
+    sandbox's folder, :data:`SOCKETS` as the kernel sees it) and reads its connection file from
+    ``connection`` (root's, read-only in the sandbox)."""
     return {"Execute__kernel_name": SPEC, "BoundedExecute__pinned_channels": True, "KernelManager__transport": "ipc",
-            "KernelManager__ip": str(run / "kernel"),
+            "KernelManager__ip": str(SOCKETS / "kernel"), "PinnedKernelManager__run": str(run),
             "KernelManager__connection_file": str(connection / "kernel.json")}
+
+
+def output(config) -> Path | None:
+    """Where the kernel an app configured with :func:`settings` writes its own output (None for
+    an app that runs no sandboxed kernel): read it with :func:`.boundary.read`, never by path."""
+    run = config.PinnedKernelManager.get("run") if "PinnedKernelManager" in config else None
+    return Path(run) / LOG if run else None
 
 
 class PinnedKernelManager(AsyncKernelManager):
@@ -83,6 +104,9 @@ class PinnedKernelManager(AsyncKernelManager):
 
     startup_s = Float(60.0, config=True, help="how long the kernel may take to bind its channels "
                                                "(nbclient's startup_timeout, its default)")
+    run = Unicode("", config=True, help="the kernel's run folder as root sees it, where its channels "
+                                        "are (KernelManager.ip names them as the kernel sees them); "
+                                        "empty: the folder KernelManager.ip names")
 
     _kernel_ip: str | None = None  # where the kernel binds (KernelManager.ip, as configured)
     _links: str | None = None  # root's folder of links, while the kernel runs
@@ -108,7 +132,8 @@ class PinnedKernelManager(AsyncKernelManager):
 
     async def _pin(self) -> str:
         """Wait for the kernel's five sockets, hold them, and return the ``ip`` root connects to."""
-        folder, stem = os.path.split(self._kernel_ip)
+        inside, stem = os.path.split(self._kernel_ip)
+        folder = self.run or inside
         uid, deadline = sandbox_users.user(), time.monotonic() + self.startup_s
         held: dict[str, int] = {}
         self._held = []
@@ -134,6 +159,9 @@ class PinnedKernelManager(AsyncKernelManager):
                                    f"{self.startup_s:.0f} s")
             await asyncio.sleep(POLL_S)
         self._links = tempfile.mkdtemp(prefix="lab-kernel-", dir=LINKS_IN)  # mode 700, root's
+        if len(os.path.join(self._links, f"k-{max(PORTS.values())}")) > IPC_PATH_MAX:
+            raise RuntimeError(f"the grader's links to the kernel's channels ({self._links}) would pass a Unix "
+                               f"socket's {IPC_PATH_MAX} bytes: make /run writable, or set TMPDIR to a short path")
         for name, fd in held.items():
             os.symlink(f"/proc/{os.getpid()}/fd/{fd}", os.path.join(self._links, f"k-{PORTS[name]}"))
         return os.path.join(self._links, "k")

@@ -68,7 +68,7 @@ def unfinished(job: Path) -> list[int]:
 # --- one task -------------------------------------------------------------------------------------
 
 # What a task brings back from its private course, and the merge puts into the course.
-BROUGHT_BACK = ("autograded/{s}", "results/{s}", "reports/{s}.html", "verdicts/{s}")
+BROUGHT_BACK = ("autograded/{s}", "results/{s}", "reports/{s}.html", "verdicts/{s}", "grading_logs/{s}")
 
 
 # The Slurm variables a task's record keeps: which job, array task and node graded it.
