@@ -201,16 +201,18 @@ def test_what_cannot_be_carried_fails_the_self_check_loudly(tmp_path, monkeypatc
 
 # --- whole submissions: correct code in other ordinary styles, at full marks ------------------
 
-# Scenario submissions (tests/scenarios/style-*), each a style family across 02-04, and the notebooks
-# graded here: each notebook's solution cells run as a kernel runs them, its checks keep the code,
+# Scenario submissions (tests/scenarios/style-*), each a style family across 02-04 or 01 and 05-07, and
+# the notebooks graded here: each notebook's solution cells run as a kernel runs them, its checks keep the code,
 # and the judge grades it in its sandboxed workers (as the grader does, without the rest of the
 # notebook's cells, which the reference's run through in test_instructor.py).
-# 06's judge composes the earlier notebooks' code: the scenario's where it hands them in, else the reference's.
+# 05's and 06's judges compose the earlier notebooks' code: the scenario's where it hands them in, else the reference's.
 STYLED = {"style-module": ("02_data_loading", "03_amp", "04_checkpointing"),
           "style-functional": ("02_data_loading", "03_amp", "04_checkpointing"),
           "style-helpers": ("01_profile", "05_compile", "06_report", "07_compression"),
           "style-closures": ("01_profile", "05_compile", "06_report", "07_compression")}
-EARLIER = {"06": ("02_data_loading", "03_amp", "05_compile")}
+EARLIER = {"05": ("02_data_loading", "03_amp"), "06": ("02_data_loading", "03_amp", "05_compile")}
+# Graded the same way: issue 59's cheats in other variants (each must lose exactly its LOSES).
+JUDGED_HERE = {**STYLED, "answers-elsewhere": ("01_profile",)}
 
 
 def _kept_by_a_kernel(nb, number: str) -> bytes:
@@ -232,8 +234,8 @@ def _kept_by_a_kernel(nb, number: str) -> bytes:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", STYLED)
-def test_correct_code_in_another_style_gets_full_marks_through_the_judge(scenario, tmp_path, tiny_data, tiny_env):
+@pytest.mark.parametrize("scenario", JUDGED_HERE)
+def test_each_scenario_judged_here_scores_exactly_through_the_judge(scenario, tmp_path, tiny_data, tiny_env):
     import scenarios
     from test_instructor import LOSES, POINTS
     from test_judge import judge
@@ -245,7 +247,7 @@ def test_correct_code_in_another_style_gets_full_marks_through_the_judge(scenari
         pytest.skip(f"no grading sandbox here: {sandbox.problem()}")
     handed_in, reference = scenarios.from_checkout(scenario), scenarios.from_checkout("reference")
     lab, kept, lost = grading.grading_lab(), {}, {}
-    for name in STYLED[scenario]:
+    for name in JUDGED_HERE[scenario]:
         number = name[:2]
         for earlier in EARLIER.get(number, ()):
             if earlier[:2] not in kept:
@@ -257,7 +259,7 @@ def test_correct_code_in_another_style_gets_full_marks_through_the_judge(scenari
         assert set(passed) == set(POINTS[name])
         lost[name] = {cell for cell, ok in passed.items() if not ok}
         assert not verdict["problems"], (name, verdict["problems"])
-    assert lost == {name: LOSES[scenario].get(name, set()) for name in STYLED[scenario]}, (scenario, lost)
+    assert lost == {name: LOSES[scenario].get(name, set()) for name in JUDGED_HERE[scenario]}, (scenario, lost)
 
 
 # --- the other styles' answers are the course's, call for call --------------------------------

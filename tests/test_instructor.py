@@ -129,6 +129,9 @@ LOSES = {
     # 01's labels around a forward and backward thrown away, the real step run outside them: it
     # trains the model handed over (the trace holds), and no label holds the step's own work.
     "other-work": {"01_profile": {"test_phases_labelled"}},
+    # The same two classes in other variants: 01's timer handed to ls.pipeline.forever's timed waits,
+    # and its labels around a copy of the model's forward and backward (graded in test_carry.py).
+    "answers-elsewhere": {"01_profile": {"test_throughput", "test_throughput_sync", "test_phases_labelled"}},
     # The kernel's slowed PIL.Image.open never reaches the grader's baseline: full marks for a
     # correct loader, and the grader's speedup is the honest one (asserted below).
     "patched-baseline": {},
@@ -146,7 +149,7 @@ LOSES = {
               "05_compile": set(POINTS["05_compile"]), "06_report": set(POINTS["06_report"])},
 }
 SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
-           "answers": {"01_profile", "05_compile"}, "other-work": {"01_profile"},
+           "answers": {"01_profile", "05_compile"}, "other-work": {"01_profile"}, "answers-elsewhere": {"01_profile"},
            "shortcuts": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile", "07_compression"},
            "honest-bugs": {"01_profile", "02_data_loading", "03_amp", "04_checkpointing", "07_compression"},
            "patched-baseline": {"02_data_loading"}, "variant": {"02_data_loading"},
@@ -194,6 +197,7 @@ OUT_OF_BATCH = {
                "class from a kernel's cell: test_carry.py)",
     "style-module": "its 02-04 are graded through the judge and the sandbox, without a kernel, in test_carry.py",
     "style-functional": "its 02-04 are graded through the judge and the sandbox, without a kernel, in test_carry.py",
+    "answers-elsewhere": "its 01 is graded through the judge and the sandbox, without a kernel, in test_carry.py",
     "style-helpers": "its 01 and 05-07 are graded through the judge and the sandbox, without a kernel, in test_carry.py",
     "style-closures": "its 01 and 05-07 are graded through the judge and the sandbox, without a kernel, in test_carry.py",
     "monkeypatch": "verdicts run outside the kernel, so a labsupport function patched there is never called "
