@@ -201,12 +201,18 @@ def test_what_cannot_be_carried_fails_the_self_check_loudly(tmp_path, monkeypatc
 
 # --- whole submissions: correct code in other ordinary styles, at full marks ------------------
 
-# Scenario submissions (tests/scenarios/style-*), each a style family across 02-04, and the notebooks
-# graded here: each notebook's solution cells run as a kernel runs them, its checks keep the code,
+# Scenario submissions (tests/scenarios/style-*), each a style family across 02-04 or 01 and 05-07, and
+# the notebooks graded here: each notebook's solution cells run as a kernel runs them, its checks keep the code,
 # and the judge grades it in its sandboxed workers (as the grader does, without the rest of the
 # notebook's cells, which the reference's run through in test_instructor.py).
-STYLED = ("style-module", "style-functional")
-STYLED_NOTEBOOKS = ("02_data_loading", "03_amp", "04_checkpointing")
+# 05's and 06's judges compose the earlier notebooks' code: the scenario's where it hands them in, else the reference's.
+STYLED = {"style-module": ("02_data_loading", "03_amp", "04_checkpointing"),
+          "style-functional": ("02_data_loading", "03_amp", "04_checkpointing"),
+          "style-helpers": ("01_profile", "05_compile", "06_report", "07_compression"),
+          "style-closures": ("01_profile", "05_compile", "06_report", "07_compression")}
+EARLIER = {"05": ("02_data_loading", "03_amp"), "06": ("02_data_loading", "03_amp", "05_compile")}
+# Graded the same way: issue 59's cheats in other variants (each must lose exactly its LOSES).
+JUDGED_HERE = {**STYLED, "answers-elsewhere": ("01_profile",)}
 
 
 def _kept_by_a_kernel(nb, number: str) -> bytes:
@@ -228,8 +234,8 @@ def _kept_by_a_kernel(nb, number: str) -> bytes:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", STYLED)
-def test_correct_code_in_another_style_gets_full_marks_through_the_judge(scenario, tmp_path, tiny_data, tiny_env):
+@pytest.mark.parametrize("scenario", JUDGED_HERE)
+def test_each_scenario_judged_here_scores_exactly_through_the_judge(scenario, tmp_path, tiny_data, tiny_env):
     import scenarios
     from test_instructor import LOSES, POINTS
     from test_judge import judge
@@ -239,14 +245,122 @@ def test_correct_code_in_another_style_gets_full_marks_through_the_judge(scenari
 
     if sandbox.problem() is not None:
         pytest.skip(f"no grading sandbox here: {sandbox.problem()}")
-    handed_in = scenarios.from_checkout(scenario)
+    handed_in, reference = scenarios.from_checkout(scenario), scenarios.from_checkout("reference")
     lab, kept, lost = grading.grading_lab(), {}, {}
-    for name in STYLED_NOTEBOOKS:
+    for name in JUDGED_HERE[scenario]:
         number = name[:2]
+        for earlier in EARLIER.get(number, ()):
+            if earlier[:2] not in kept:
+                kept[earlier[:2]] = _kept_by_a_kernel(handed_in.get(earlier, reference[earlier]), earlier[:2])
         kept[number] = _kept_by_a_kernel(handed_in[name], number)
-        verdict = judge(tmp_path / number, tiny_data, None, notebook=number, kept=kept, boxed=True)
+        verdict = judge(tmp_path / number, tiny_data, None, notebook=number, kept=kept, boxed=True,
+                        ladder=number == "06")
         _, passed = deciding.score(verdict, deciding.checks_by_cell(course.COURSE_ROOT)[name], lab.machine)
         assert set(passed) == set(POINTS[name])
         lost[name] = {cell for cell, ok in passed.items() if not ok}
         assert not verdict["problems"], (name, verdict["problems"])
-    assert lost == {name: LOSES[scenario].get(name, set()) for name in STYLED_NOTEBOOKS}, (scenario, lost)
+    assert lost == {name: LOSES[scenario].get(name, set()) for name in JUDGED_HERE[scenario]}, (scenario, lost)
+
+
+# --- the other styles' answers are the course's, call for call --------------------------------
+
+STYLED_OTHER = ("style-helpers", "style-closures")  # 01, 05, 06 and 07
+
+
+def _solutions(nb) -> dict:
+    """Namespace after notebook ``nb``'s graded solution cells ran (as plain exec, beside the setup names)."""
+    import pandas as pd
+
+    import labsupport as ls
+
+    space = {"__name__": "__main__", "ls": ls, "torch": torch, "pd": pd,
+             "F": torch.nn.functional, "lab": None}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution") \
+                and cell.metadata["nbgrader"].get("grade_id") not in ("torch_profiler", "profile_memory",
+                                                                       "COMPILE_TRAINING"):
+            exec(compile(cell.source, f"<{cell.metadata['nbgrader']['grade_id']}>", "exec"), space)
+    return space
+
+
+def _fake_step(seed: int):
+    from types import SimpleNamespace
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    return SimpleNamespace(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                           to_device=lambda images, labels: (images, labels))
+
+
+def _compare_01(mine, ours):
+    import random
+    from types import SimpleNamespace
+
+    rng = random.Random(0)
+    phases = ("data wait", "host to device", "forward", "backward", "optimizer")
+    for _ in range(200):
+        breakdown = {p: rng.choice([0.0, 1.0, 2.0, rng.random()]) for p in phases if rng.random() < 0.8}
+        assert mine["diagnose"](breakdown) == ours["diagnose"](breakdown), breakdown
+    calls = []
+    timed = mine["measure_throughput"](lambda: calls.append(1), "cpu", warmup=2, steps=7, samples_per_step=8)
+    assert len(calls) == 9 and set(timed) == set(ours["measure_throughput"](lambda: None, "cpu", warmup=0, steps=3,
+                                                                           samples_per_step=8)), timed
+    assert timed["p50_ms"] <= timed["p95_ms"] <= timed["p99_ms"], timed
+    batch = [(torch.randn(4, 6), torch.tensor([0, 1, 2, 1]))]
+    steps = _fake_step(1), _fake_step(1)
+    losses = [fn(iter(batch), s) for fn, s in zip((mine["labelled_step"], ours["labelled_step"]), steps)]
+    assert losses[0] == losses[1]
+    assert all(torch.equal(a, b) for a, b in zip(steps[0].model.parameters(), steps[1].model.parameters()))
+    events = [SimpleNamespace(key=f"op{i}", self_cpu_time_total=rng.random() * 1e4, self_device_time_total=i * 10.0)
+              for i in range(12)]
+    for device in ("cpu", "cuda"):
+        for n in (1, 5, 20):
+            assert mine["top_operators"](events, device, n) == ours["top_operators"](events, device, n)
+    assert mine["top_operators"](events, "cpu") == ours["top_operators"](events, "cpu")
+
+
+def _compare_05(mine, ours):
+    for args in ((10, 5.0, 4.0), (3.5, 2.0, 2.0), (1.0, 2.0, 3.0), (0.25, 12.5, 0.5), (7, 9, 1)):
+        assert mine["break_even_steps"](*args) == ours["break_even_steps"](*args), args
+    assert callable(mine["compile_inference"])  # its compiled model is the judge's to time and compare
+
+
+def _compare_06(mine, ours):
+    import pandas as pd
+
+    from labsupport import report
+
+    stages = [stage for stage, _ in report.RUNGS]
+    frames = [pd.DataFrame(), pd.DataFrame({"stage": ["01-baseline"], "other": [1.0]}),
+              pd.DataFrame({"stage": stages, "samples_per_s": [10.0 * (i + 1) for i in range(len(stages))]}),
+              pd.DataFrame({"stage": stages[::-1] + ["99-unknown"], "samples_per_s": [5.0] * len(stages) + [1.0],
+                            "peak_bytes": [2.0**20 * i for i in range(len(stages) + 1)],
+                            "accuracy": [0.5] * (len(stages) + 1)}),
+              pd.DataFrame({"stage": stages[1:3], "samples_per_s": [3.0, float("nan")], "accuracy": [0.1, 0.2]})]
+    for frame in frames:
+        pd.testing.assert_frame_equal(mine["assemble_ladder"](frame.copy()), ours["assemble_ladder"](frame.copy()))
+
+
+def _compare_07(mine, ours):
+    steps = _fake_step(2), _fake_step(2)
+    for fns, s in zip((mine, ours), steps):
+        fns["make_permanent"](fns["prune_globally"](s.model, 0.4))
+    assert all(torch.equal(a, b) for a, b in zip(steps[0].model.state_dict().values(),
+                                                  steps[1].model.state_dict().values()))
+    assert not any(name.endswith("_mask") for name in steps[0].model.state_dict())
+    torch.manual_seed(3)
+    student, teacher, labels = torch.randn(8, 10), torch.randn(8, 10), torch.randint(0, 10, (8,))
+    for alpha, t in ((0.5, 4.0), (0.0, 1.0), (1.0, 2.5), (0.3, 0.7)):
+        assert torch.equal(mine["distillation_loss"](student, teacher, labels, alpha, t),
+                           ours["distillation_loss"](student, teacher, labels, alpha, t)), (alpha, t)
+    assert callable(mine["quantize_int8"])  # its int8 model is the judge's to size, time and compare
+
+
+@pytest.mark.parametrize("scenario", STYLED_OTHER)
+@pytest.mark.parametrize("notebook", ("01_profile", "05_compile", "06_report", "07_compression"))
+def test_each_other_style_answers_as_the_course_does(scenario, notebook):
+    import scenarios
+
+    mine = _solutions(scenarios.from_checkout(scenario)[notebook])
+    ours = _solutions(scenarios.from_checkout("reference")[notebook])
+    globals()[f"_compare_{notebook[:2]}"](mine, ours)

@@ -129,6 +129,9 @@ LOSES = {
     # 01's labels around a forward and backward thrown away, the real step run outside them: it
     # trains the model handed over (the trace holds), and no label holds the step's own work.
     "other-work": {"01_profile": {"test_phases_labelled"}},
+    # The same two classes in other variants: 01's timer handed to ls.pipeline.forever's timed waits,
+    # and its labels around a copy of the model's forward and backward (graded in test_carry.py).
+    "answers-elsewhere": {"01_profile": {"test_throughput", "test_throughput_sync", "test_phases_labelled"}},
     # The kernel's slowed PIL.Image.open never reaches the grader's baseline: full marks for a
     # correct loader, and the grader's speedup is the honest one (asserted below).
     "patched-baseline": {},
@@ -137,13 +140,16 @@ LOSES = {
     # correct 02-04 in other ordinary styles (module-level tensors, decorated helpers, dataclass;
     # partials, lambdas, closures): full marks, through the judge (graded in test_carry.py)
     "style-module": {}, "style-functional": {},
+    # correct 01, 05, 06 and 07 the same ways (helper classes, contextmanagers, dataclasses; factories,
+    # partials, lambdas, imports inside): full marks, through the judge (graded in test_carry.py)
+    "style-helpers": {}, "style-closures": {},
     "reuse": {"02_data_loading": set(POINTS["02_data_loading"]),
               "03_amp": {"test_accuracy", "test_amp_speedup", "test_activation_memory"},
               "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation"},
               "05_compile": set(POINTS["05_compile"]), "06_report": set(POINTS["06_report"])},
 }
 SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
-           "answers": {"01_profile", "05_compile"}, "other-work": {"01_profile"},
+           "answers": {"01_profile", "05_compile"}, "other-work": {"01_profile"}, "answers-elsewhere": {"01_profile"},
            "shortcuts": {"02_data_loading", "03_amp", "04_checkpointing", "05_compile", "07_compression"},
            "honest-bugs": {"01_profile", "02_data_loading", "03_amp", "04_checkpointing", "07_compression"},
            "patched-baseline": {"02_data_loading"}, "variant": {"02_data_loading"},
@@ -156,7 +162,9 @@ SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
            "outsider": {"01_profile", "02_data_loading"}, "filler": {"01_profile"},
            "sleeper": {"01_profile", "02_data_loading"}, "lib": {"02_data_loading"},
            "style-module": {"02_data_loading", "03_amp", "04_checkpointing"},
-           "style-functional": {"02_data_loading", "03_amp", "04_checkpointing"}}
+           "style-functional": {"02_data_loading", "03_amp", "04_checkpointing"},
+           "style-helpers": {"01_profile", "05_compile", "06_report", "07_compression"},
+           "style-closures": {"01_profile", "05_compile", "06_report", "07_compression"}}
 # Notebooks of a scenario left out of this batch, to keep make test under 30 minutes: each one's
 # wrong code is graded on its own in tests/test_checks.py (hardcoded 05's uncompiled model:
 # test_05_break_even_and_outputs...; wrong-but-fast 03's missing backward and 04's unscaled
@@ -189,6 +197,9 @@ OUT_OF_BATCH = {
                "class from a kernel's cell: test_carry.py)",
     "style-module": "its 02-04 are graded through the judge and the sandbox, without a kernel, in test_carry.py",
     "style-functional": "its 02-04 are graded through the judge and the sandbox, without a kernel, in test_carry.py",
+    "answers-elsewhere": "its 01 is graded through the judge and the sandbox, without a kernel, in test_carry.py",
+    "style-helpers": "its 01 and 05-07 are graded through the judge and the sandbox, without a kernel, in test_carry.py",
+    "style-closures": "its 01 and 05-07 are graded through the judge and the sandbox, without a kernel, in test_carry.py",
     "monkeypatch": "verdicts run outside the kernel, so a labsupport function patched there is never called "
                    "by the grader (cheater and patched-baseline bend the kernel's side, and are graded here)",
 }

@@ -47,7 +47,7 @@ RULES: dict[str, tuple[tuple[str, ...], str]] = {
         ("labsupport.measure.time_steps", "labsupport.measure.compare", "labsupport.measure.micro",
          "labsupport.measure.one_off_s", "labsupport.measure.cold_compile_s", "labsupport.measure.StepTimes",
          "labsupport.measure.Comparison", "labsupport.measure.Spread", "labsupport.measure.PhaseClock",
-         "labsupport.measure.utilisation"),
+         "labsupport.measure.utilisation", "labsupport.pipeline.forever"),
         "notebook 01 asks you to write this timer yourself (warm-up, synchronisation, percentiles); of "
         "labsupport it may call ls.measure.sync, not labsupport's timers"),
     "compile_inference": (
