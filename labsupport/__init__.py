@@ -30,12 +30,7 @@ from . import (carry, compress, dataset, distributed, grading, hardware, measure
                paths, pipeline, report, results, topics, train)
 from .grading import check, paired
 from .hardware import Lab, Profile, describe_machine, pick_device, profile_for, setup
-from .grading.rungs import measure_here as _measure_here
 from .train import StepConfig, TrainStep, make_step
-
-# 06 measures a rung recorded elsewhere again with the grader's own measurement, as ls.report.measure_here;
-# it lives with the grader (report sits below it: tests/test_layers.py), so it is attached here, above both.
-report.measure_here = _measure_here
 
 __all__ = ["carry", "check", "compress", "dataset", "distributed", "grading", "hardware", "measure", "memory", "notebooks", "paired", "paths",
            "pipeline", "report", "results", "topics", "train",

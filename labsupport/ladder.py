@@ -85,7 +85,7 @@ def ladder(directory: Path | str | None = None, machine: dict | None = None,
         if machine and not hardware.same_machine(rec["machine"], machine):
             elsewhere[stage] = machine_label(rec["machine"])
             missing.append(f"{stage} ({label}): recorded on {elsewhere[stage]}, not on this machine; run "
-                           f"{results.notebook_for(stage)} here, or ls.report.measure_here(lab, [{stage!r}]) "
+                           f"{results.notebook_for(stage)} here, or ls.paired.measure_here(lab, [{stage!r}]) "
                            "to measure it again here from your carried code.")
             continue
         nb = notebooks.by_stage(stage)

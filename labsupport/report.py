@@ -8,10 +8,9 @@ the student's written analysis. Students and instructors both use it.
 
 What it is made of lives below it, each reachable here as ``ls.report.X``: the ladder, each rung
 timed and recorded (:mod:`labsupport.ladder`: ``ladder``, ``measure_rung``, ``RUNGS``, ...) and
-the figures (:mod:`labsupport.figures`: ``plots``, ``figure_html``, ``case_study``). 06 also calls
-``ls.report.measure_here``, which measures rungs again with the grader's own measurement
-(:func:`labsupport.grading.rungs.measure_here`): this module sits below the grader, so
-``labsupport/__init__.py`` attaches it under this name.
+the figures (:mod:`labsupport.figures`: ``plots``, ``figure_html``, ``case_study``). A rung
+recorded on another machine is measured again here with the grader's own measurement by
+``ls.paired.measure_here`` (:func:`labsupport.grading.rungs.measure_here`), above this module.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from labsupport import report, results
+from labsupport.grading import paired
 
 
 def _assemble():
@@ -381,7 +382,7 @@ def test_06_measures_again_here_the_rungs_recorded_on_another_machine(tmp_path, 
     lad = report.ladder(machine=lab.machine.as_dict())
     assert set(lad.elsewhere) == {"01-baseline", "02-data", "03-amp"} and lad.table.empty
     assert "Intel(R) Xeon(R) CPU @ 2.20GHz (cpu)" in lad.elsewhere["02-data"]
-    done = report.measure_here(lab, lad.elsewhere)
+    done = paired.measure_here(lab, lad.elsewhere)
     assert done["01-baseline"] == done["02-data"] == "measured again here", done
     assert done["03-amp"].startswith("not measured again") and "03" in done["03-amp"], done
     lad = report.ladder(machine=lab.machine.as_dict(), assemble=reference.solutions("06").assemble_ladder)

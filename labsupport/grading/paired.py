@@ -28,6 +28,7 @@ import torch
 
 from .. import measure, notebooks, pipeline, train
 from ..measure import Spread
+from .rungs import measure_here  # noqa: F401 (06: a rung recorded on another machine, measured again here)
 
 
 def load_average() -> tuple[float, float, float] | None:

@@ -194,7 +194,7 @@ def measure(number: str, namespace: dict, lab, found: dict[str, CheckResult]) ->
 
 def measure_here(lab, stages) -> dict[str, str]:
     """Measure the rungs ``stages`` again on this machine, from the student's carried code, and
-    record them; returns ``{stage: what happened}``. 06 calls it ``ls.report.measure_here``.
+    record them; returns ``{stage: what happened}``. 06 calls it ``ls.paired.measure_here``.
 
     Rungs measured on different machines do not compare, and Colab gives every notebook a new
     runtime, often another machine: 06 measures each rung recorded elsewhere again here, exactly
