@@ -14,7 +14,7 @@ to grade". None of them stops the batch, and the CSVs are written after every st
 Stopped by SIGINT (Ctrl-C) or SIGTERM (Slurm, ``timeout``; :mod:`.stopping`), ``grade`` ends the
 submission's sandboxes (its cgroup killed, its folders unmounted), records the notebooks the
 grader had not decided as "not graded" (0 points, in the gradebook too: the kernel's own marks are
-never a grade, see :class:`.submission.WithheldAutoGrades`), writes the CSVs with every row marked
+never a grade, see :class:`.autograding.WithheldAutoGrades`), writes the CSVs with every row marked
 ``interrupted``, and exits with 128 + the signal. ``grade`` run again with no student named grades
 the submissions that batch did not finish, and keeps the rows of those it did.
 

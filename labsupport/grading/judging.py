@@ -248,7 +248,7 @@ ROLES = ("student", "baseline")
 def worker_groups(spec: dict) -> tuple[dict, dict[str, list[str]], str, Path | None]:
     """Each worker's cgroup v2 group and command prefix, ``(groups, prefixes, why there are none,
     the folder this judge made)``. The grader's, where the spec has them (it made them and built
-    each sandbox prefix to join one: :func:`autograder.deciding._judge`); else, with no sandbox
+    each sandbox prefix to join one: :func:`autograder.verdicts._judge`); else, with no sandbox
     prefix, groups of this judge's own, joined first thing (:meth:`.cgroups.Group.join_command`);
     else none, and why (a sandbox prefix this judge cannot put a join into: it would join before
     the memory cgroup, which on a unified machine then moves the worker out of it)."""
