@@ -151,14 +151,8 @@ def keep_checks(number: str, found) -> Path:
 
 
 def kept_checks(directory: Path | None = None) -> pd.DataFrame:
-    """Every notebook's kept checks table, one row per check, in notebook order."""
+    """Every notebook's kept checks table, one row per check, in notebook order (the results
+    store reads them: :func:`labsupport.results.kept_checks`)."""
     from .. import results
 
-    folder = Path(directory) if directory else results.results_dir()
-    rows = []
-    for path in sorted((folder / "checks").glob("*.json")):
-        try:
-            rows += json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # an unreadable table is left out of the report, not raised
-    return pd.DataFrame(rows, columns=["check", "measured", "threshold", "result", "note"])
+    return results.kept_checks(directory)
