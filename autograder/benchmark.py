@@ -34,7 +34,7 @@ def table(values: dict[str, list[float]], machine) -> pd.DataFrame:
     rows = []
     for check, vals in values.items():
         spec = specs[check]
-        found = grading.bar(check, machine.as_dict(), None, defaults)
+        found = grading.bar(check, machine.as_dict() if hasattr(machine, "as_dict") else vars(machine), None, defaults)
         bar = found.threshold if found.applies else "n/a"
         median = statistics.median(vals) if vals else None
         quartiles = statistics.quantiles(vals, n=4) if len(vals) >= 2 else [median, median, median]

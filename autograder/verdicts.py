@@ -159,8 +159,8 @@ def _judge(number: str, inputs: Path, *, dirs, since: float, settings: dict[str,
     # but their own /tmp and the submission's Inductor cache (05 compiles, and reuses what its
     # kernel compiled): not the grader's store, which later notebooks' verdicts read.
     cache = env.get("TORCHINDUCTOR_CACHE_DIR") if env else None
-    readable = box.readable if box is None or lib == pythonpath else \
-        tuple(Path(lib) if Path(p) == Path(pythonpath) else p for p in box.readable)
+    readable = () if box is None else tuple(Path(lib) if lib and pythonpath and Path(p) == Path(pythonpath) else p
+                                            for p in box.readable)
     worker_box = None if box is None else sandbox.Sandbox(writable=(Path(cache),) if cache else (),
                                                           readable=readable)
     spec = {"notebook": number, "inputs": str(inputs), "judged": str(dirs.judged), "out": str(out), "since": since,

@@ -736,7 +736,9 @@ def test_the_forged_verdict_never_reaches_what_decides_02(graded):
     ref = by_check[(by_check.student == "reference") & (by_check.check != "")]
     assert set(ref.result) <= {"pass", "n/a"} and len(ref) == sum(len(c) for c in POINTS.values())
     row = by_check[(by_check.student == "cheater") & (by_check.cell == "test_loader_speedup")].iloc[0]
-    assert (row.check, row.result, row.reason, row.bar) == ("02-loader-speedup", "fail", "error", ">= 3"), row
+    # No bar shown: at the tiny profile a speed bar is n/a (thresholds.toml's `scale`, decided in
+    # grading.bar); the check fails on its error whatever the bar.
+    assert (row.check, row.result, row.reason, row.bar) == ("02-loader-speedup", "fail", "error", ""), row
     page = (root / "feedback" / "cheater" / "lab" / "02_data_loading.html").read_text()
     assert page.index("The grader's verdicts") < page.index("student's self-check")
     assert not any("forged" in d["note"] for d in kept["decided"].values())  # (the page shows its source)

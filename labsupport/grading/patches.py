@@ -50,7 +50,15 @@ def _watched(value) -> bool:
 def library_functions() -> dict[tuple[object, str], tuple[object, tuple]]:
     """``{(module or class, attribute): (function, its insides)}`` for the watched libraries, as they
     are now: the ones above, every module of this labsupport (its baseline, clocks, judge,
-    partners) and every class defined in one (their methods and properties)."""
+    partners) and every class defined in one (their methods and properties). The partners are
+    imported first where they exist (``ls.grading`` imports them only when asked for, and a judge's
+    worker has none): code that patches one as it loads is then caught like any other."""
+    import importlib
+
+    try:
+        importlib.import_module(_LABSUPPORT + ".grading.partners")
+    except ImportError:  # a judge's worker: no partners there to patch
+        pass
     owners = [sys.modules[m] for m in _LIBRARY_MODULES if m in sys.modules]
     mine = [module for name, module in list(sys.modules.items())
             if name == _LABSUPPORT or name.startswith(_LABSUPPORT + ".")]
