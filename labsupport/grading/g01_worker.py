@@ -116,15 +116,33 @@ class _KnownWorkload:
     """A step of known duration (20 ms) whose first calls are slow (100 ms), as a real first
     training step is (allocator growth, autotuning, lazy initialisation). It sleeps rather than
     computes, and records how long each call really took: a timer is judged against the very
-    calls it timed, so a sleep that wakes late on a busy machine moves both alike."""
+    calls it timed, so a sleep that wakes late on a busy machine moves both alike. It also records
+    the time between calls (``gaps_ms``: after each call until the next began, the last until the
+    timer returned): a timer's clock reads fall there, so a process descheduled between the call's
+    own clock and the timer's moves the timer alone, and by no more than that gap."""
 
     def __init__(self, slow_calls: int):
-        self.slow_calls, self.took_ms = slow_calls, []
+        self.slow_calls, self.took_ms, self.gaps_ms, self._ended = slow_calls, [], [], None
 
     def __call__(self) -> None:
         start = _clock()
+        if self._ended is not None:
+            self.gaps_ms.append((start - self._ended) * 1000)
         _sleep(0.1 if len(self.took_ms) < self.slow_calls else 0.02)
-        self.took_ms.append((_clock() - start) * 1000)
+        self._ended = _clock()
+        self.took_ms.append((self._ended - start) * 1000)
+
+    def returned(self) -> None:
+        """The timer returned: the gap after the last call ends here."""
+        if self._ended is not None:
+            self.gaps_ms.append((_clock() - self._ended) * 1000)
+            self._ended = None
+
+
+def _record(work) -> dict[str, list[float]]:
+    """A workload's record of its calls: ``took_ms`` (each call) and ``gaps_ms`` (after each one;
+    the same length once the timer returned), empty for a workload that keeps none."""
+    return {"took_ms": list(getattr(work, "took_ms", [])), "gaps_ms": list(getattr(work, "gaps_ms", []))}
 
 
 THROUGHPUT_KEYS = ("images_per_s", "median_ms", "p50_ms", "p95_ms", "p99_ms")
@@ -149,16 +167,18 @@ class Here:
     def __init__(self, namespace: dict, lab):
         self.namespace, self.lab = namespace, lab
 
-    def timed_workload(self, workload: str, *, warmup: int, steps: int, samples: int) -> tuple[dict, list[float], float]:
+    def timed_workload(self, workload: str, *, warmup: int, steps: int, samples: int) -> tuple[dict, dict, float]:
         """``measure_throughput`` on a workload (``"known"``: :class:`_KnownWorkload`; ``"none"``:
-        a call that does nothing; ``"matmul"``: :func:`_queued_matmuls`): ``(what it returned, how long
-        each call of the workload took by its own record, the seconds the whole call took)``."""
+        a call that does nothing; ``"matmul"``: :func:`_queued_matmuls`): ``(what it returned, the
+        workload's own record of its calls (:func:`_record`), the seconds the whole call took)``."""
         fn = watched(student(self.namespace, "measure_throughput", "01"), "measure_throughput", "01")
         work = {"known": lambda: _KnownWorkload(warmup), "none": lambda: _Nothing(),
                 "matmul": lambda: _queued_matmuls(self.lab.device)}[workload]()
         start = _clock()
         got = fn(work, self.lab.device, warmup=warmup, steps=steps, samples_per_step=samples)
-        return _timer_answer(got), list(getattr(work, "took_ms", [])), _clock() - start
+        if isinstance(work, _KnownWorkload):
+            work.returned()
+        return _timer_answer(got), _record(work), _clock() - start
 
     def focus(self, side: str | None) -> None:
         pass
@@ -260,9 +280,9 @@ class Side:
     def timed_workload(self, *, workload: str, warmup: int, steps: int, samples: int) -> dict:
         """What ``measure_throughput`` returned, and the workload's record of each call (the judge
         times the request itself)."""
-        got, took_ms, _ = self.here.timed_workload(str(workload), warmup=int(warmup), steps=int(steps),
-                                                   samples=int(samples))
-        return {"got": got, "took_ms": took_ms[:1000]}
+        got, record, _ = self.here.timed_workload(str(workload), warmup=int(warmup), steps=int(steps),
+                                                  samples=int(samples))
+        return {"got": got, **{key: times[:1000] for key, times in record.items()}}
 
     def diagnose(self, *, breakdowns: list) -> list[str]:
         return self.here.diagnose([{str(k): float(v) for k, v in b.items()} for b in breakdowns])
