@@ -83,14 +83,17 @@ def _table(frame: pd.DataFrame, css: str, **kw) -> str:
 
 def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performance Lab: report",
                 checks: pd.DataFrame | None = None, analysis: str | None = None,
-                extra: dict[str, pd.DataFrame] | None = None) -> Path:
+                extra: dict[str, pd.DataFrame] | None = None, paired=None) -> Path:
     """Write the comparison report of ladder ``lad`` as one self-contained HTML page; return its path.
 
     Sections: the machine; the ladder (the ``assemble`` table) and each rung's details (change,
     spread, step time, memory, accuracy); plots (the ladder with spread, the time breakdown,
     memory, the case study); the published case-study ladder beside this one; the graded checks
     (``checks``, default: every notebook's kept table in the results store); the written
-    ``analysis`` (default: read from ``06_report.ipynb`` beside the kernel); missing stages.
+    ``analysis`` (default: read from ``06_report.ipynb`` beside the kernel); missing stages; and,
+    given ``paired`` (06's ``ls.paired.ladder(lab, lad)``), the same rungs timed again in one process,
+    interleaved, beside each notebook's own figure, with the load it ran under and the measured
+    cause of any rung slower than the one it builds on.
     Tables are HTML and plots PNG data URIs: the page opens offline, anywhere, at any width.
     """
     figures = plots(lad)
@@ -112,6 +115,12 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
         if not details.empty:
             parts += ['<h2 id="rungs">Each rung: what changed, spread, memory</h2>',
                       _table(details, "rungs", float_format=lambda v: f"{v:,.1f}")]
+        if paired is not None:
+            parts += ['<h2 id="paired">The same ladder, paired</h2>',
+                      "<p>Every rung timed again in one process, in interleaved rounds: the ratios "
+                      "below are read inside one round, on one state of the machine.</p>",
+                      _table(paired.table(lad.rows), "paired"), "<ul>"]
+            parts += [f"<li>{html.escape(line)}</li>" for line in paired.lines()] + ["</ul>"]
         parts += roofline_html(lad)
     if lad.missing:
         parts += ['<h2 id="missing">Missing stages</h2>', "<ul>"] + \

@@ -213,6 +213,8 @@ STYLED = {"style-module": ("02_data_loading", "03_amp", "04_checkpointing"),
 EARLIER = {"05": ("02_data_loading", "03_amp"), "06": ("02_data_loading", "03_amp", "05_compile")}
 # Graded the same way: issue 59's cheats in other variants (each must lose exactly its LOSES).
 JUDGED_HERE = {**STYLED, "answers-elsewhere": ("01_profile",)}
+# In make test-long (CI runs it after make test): two minutes each; make test keeps the other two families.
+LONG = ("style-helpers", "style-closures")
 
 
 def _kept_by_a_kernel(nb, number: str) -> bytes:
@@ -234,7 +236,7 @@ def _kept_by_a_kernel(nb, number: str) -> bytes:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", JUDGED_HERE)
+@pytest.mark.parametrize("scenario", [pytest.param(s, marks=pytest.mark.long) if s in LONG else s for s in JUDGED_HERE])
 def test_each_scenario_judged_here_scores_exactly_through_the_judge(scenario, tmp_path, tiny_data, tiny_env):
     import scenarios
     from test_instructor import LOSES, POINTS

@@ -842,6 +842,7 @@ def _checks(root: Path, students) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @needs_sandbox
 def test_a_class_graded_on_slurm_scores_exactly_as_graded_serially(graded, tmp_path, tiny_data):
     """``grade --backend slurm --submit`` on a real (one-node) Slurm cluster: the calibration job,

@@ -16,6 +16,7 @@ from labsupport.hardware import describe_machine
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_hardcoded_answers_fail_the_speed_checks_at_the_real_profile(monkeypatch, tmp_path):
     """At this machine's own profile, on the real dataset: the hardcoded scenario's code fails every
     speed check that applies on this device class, while its correctness partners pass.

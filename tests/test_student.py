@@ -362,6 +362,7 @@ def _record_02_to_05(results_dir: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_colab_stand_in_installs_from_the_student_zip_and_runs_the_lab(tmp_path, tiny_data, monkeypatch):
     """A kernel without labsupport (torch and the rest preinstalled, as in Colab) runs the masters
     (a student who completed the lab) 01 and 06, each in a new kernel with its own working folder

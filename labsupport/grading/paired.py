@@ -149,19 +149,24 @@ class PairedLadder:
                     f"{op} (+{d:.0f} µs)" for op, d in top["change, µs/image"].items()) + ".")
         return " ".join(lines)
 
+    def lines(self) -> list[str]:
+        """What goes with the table: the rounds and the load they ran under, the rungs not timed,
+        each compiled rung's compile, and the measured cause of every slower rung."""
+        out = [f"{len(self.orders)} rounds of {self.steps_per_round} steps per rung, alternating order; "
+               f"load average (1, 5, 15 min) {self.load.get('before')} before, {self.load.get('after')} after"]
+        out += [f"not timed: {stage}: {why}" for stage, why in self.not_timed.items()]
+        out += [self.compile_line(stage) for stage in self.compiled if stage not in self.slower()]
+        return out + [self.explanation(stage) for stage in self.slower()]
+
     def show(self, recorded: pd.DataFrame | None = None) -> None:
-        """Print the table, the load it was measured under, and the cause of every slower rung."""
+        """Print the table, then :meth:`lines`, each slower rung's profile beside its base's."""
         with pd.option_context("display.width", 160, "display.max_colwidth", 40):
             print(self.table(recorded).to_string())
-        print(f"{len(self.orders)} rounds of {self.steps_per_round} steps per rung, alternating order; "
-              f"load average (1, 5, 15 min) {self.load.get('before')} before, {self.load.get('after')} after")
-        for stage, why in self.not_timed.items():
-            print(f"not timed: {stage}: {why}")
-        for stage in self.compiled:
-            if stage not in self.slower():
-                print(self.compile_line(stage))
-        for stage in self.slower():
-            print("\n" + self.explanation(stage))
+        slower, lines = self.slower(), self.lines()
+        for line in lines[:len(lines) - len(slower)]:
+            print(line)
+        for stage, line in zip(slower, lines[len(lines) - len(slower):]):
+            print("\n" + line)
             if stage in self.causes:
                 print(self.causes[stage].round(1).to_string())
 
