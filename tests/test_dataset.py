@@ -199,6 +199,7 @@ def test_cifar10_folder(tmp_path, monkeypatch):
     assert (img.size, label) == ((32, 32), 9)
 
 
+@pytest.mark.long
 def test_learnable(tmp_path):
     """ResNet-18 from scratch, the lab's recipe at 32 px, clearly beats chance (10%).
 

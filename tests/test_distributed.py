@@ -16,6 +16,7 @@ from labsupport import carry, distributed
 MASTER = course.masters_dir() / "08_distributed.ipynb"
 
 
+@pytest.mark.long
 def test_the_distributed_notebook_runs_in_two_processes(tmp_path, tiny_data):
     nb = nbformat.read(MASTER, as_version=4)
     # 08's accumulation runs the student's accumulate_step from 04: here, the reference's, kept as

@@ -13,7 +13,8 @@ of the per-round ratios with their quartiles. A rung slower than the one it buil
 by a measured cause: the two steps profiled side by side (the operators whose time changed most,
 per image) and, for a compiled rung, Dynamo's graphs, graph breaks and compile time.
 
-Used by 06_report (``ls.paired.ladder(lab, lad).show()``), beside the per-notebook ladder.
+Used by 06_report (``ls.paired.ladder(lab, lad).show()``), beside the per-notebook ladder; its report
+page shows the last one measured (:func:`last`).
 """
 
 from __future__ import annotations
@@ -295,4 +296,14 @@ def ladder(lab, lad=None, *, rounds: int | None = None, steps_per_round: int | N
         base, rung = by_stage[result.builds_on[stage]], by_stage[stage]
         result.causes[stage] = profile_side_by_side(
             {labels[base.stage]: (base.run, base.batch), labels[stage]: (rung.run, rung.batch)}, lab.device)
+    _LAST[:] = [result]
     return result
+
+
+_LAST: list[PairedLadder] = []
+
+
+def last() -> PairedLadder | None:
+    """The paired ladder :func:`ladder` measured last in this process (06's section 2), for its
+    report page; None where none was (a kernel that skipped section 2, or the grader's run)."""
+    return _LAST[0] if _LAST else None
