@@ -129,6 +129,10 @@ def parser() -> argparse.ArgumentParser:
     acc.add_argument("--deadline", type=float, default=None,
                      help="seconds all the checks may take together: a notebook still running then is stopped, and later ones are not started")
     acc.add_argument("--output", type=Path, default=None, help="folder for the tables (default: build/accept-<class>)")
+    acc.add_argument("--budget", type=float, default=None, metavar="S",
+                     help="instead, the first run on a new machine within S seconds (540 fits a 10-minute "
+                          "GPU session): the reference graded as a student against the class defaults, then "
+                          "the reference notebooks in the time left; stops at S, saying what it did not reach")
     acc.add_argument("--checks-of", default=None, help=argparse.SUPPRESS)
     acc.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
     acc.add_argument("notebooks", nargs="*", metavar="NN", help="only these notebooks (default: every graded one)")

@@ -71,6 +71,11 @@ def benchmark(runs: int = 5, where: course.Course | Path = COURSE_ROOT,
 
 
 
+def checks_path(out: Path) -> Path:
+    """Where :func:`grading_time` writes each check's measurement, bar and result (``grades_by_check.csv``'s rows)."""
+    return Path(out).with_suffix(".checks.csv")
+
+
 def grading_time(notebooks: tuple[str, ...] | None = None, where: course.Course | Path = COURSE_ROOT,
                  out: Path | None = None) -> tuple[Path, pd.DataFrame]:
     """Grade the reference submission (all graded notebooks, or ``notebooks`` such as ``("02",)``)
@@ -79,7 +84,8 @@ def grading_time(notebooks: tuple[str, ...] | None = None, where: course.Course 
     One row per notebook: its kernel (nbgrader's autograde in the sandbox), its verdict process,
     the rest of its grading (edited-cell comparison, sandbox set-up, gradebook), and a last row
     for what follows the notebooks (feedback, copying out, export). Written to
-    ``build/grading-time-<device class>.txt`` (or ``out``).
+    ``build/grading-time-<device class>.txt`` (or ``out``), and each check's measurement, bar and
+    result beside it (:func:`checks_path`).
     """
     import shutil
     import tempfile
@@ -89,7 +95,7 @@ def grading_time(notebooks: tuple[str, ...] | None = None, where: course.Course 
 
     from labsupport.hardware import describe_machine, profile_for
 
-    from . import grade, reference, release
+    from . import grade, gradebook, reference, release
 
     the = course.of(where)
     machine = describe_machine()
@@ -116,6 +122,9 @@ def grading_time(notebooks: tuple[str, ...] | None = None, where: course.Course 
         grades = grade.grade(scratch, ["reference"], progress=False)
         total = time.perf_counter() - started
         longest = {p.stem: longest_cell(p) for p in scratch.autograded("reference").glob("*.ipynb")}
+        out = Path(out) if out else REPO_ROOT / "build" / f"grading-time-{machine.device_class}.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        gradebook.scores_by_check(scratch).to_csv(checks_path(out), index=False)
     rows = [{"notebook": g.notebook, "score": f"{g.score:g}/{g.auto_max_score:g}" + (
                  f" (+{g.max_score - g.auto_max_score:g} by a person)" if g.max_score > g.auto_max_score else ""),
              "points": g.score, "automatic": g.auto_max_score, "kernel s": g.seconds,
@@ -129,8 +138,6 @@ def grading_time(notebooks: tuple[str, ...] | None = None, where: course.Course 
     rows.append({"notebook": "after the notebooks", "score": "", "points": None, "automatic": None, "kernel s": 0.0, "verdict s": 0.0,
                  "other s": total - inside, "total s": total - inside, "peak memory GiB": None, "longest cell s": None, "longest cell": ""})
     frame = pd.DataFrame(rows).set_index("notebook")
-    out = Path(out) if out else REPO_ROOT / "build" / f"grading-time-{machine.device_class}.txt"
-    out.parent.mkdir(parents=True, exist_ok=True)
     head = (f"Grading the reference submission ({', '.join(notebooks) if notebooks else 'every graded notebook'}), "
             f"{dt.datetime.now().isoformat(timespec='minutes')}: "
             f"{machine.cpu_model if machine.device == 'cpu' else machine.device_name}, class {machine.device_class}, "

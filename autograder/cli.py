@@ -12,7 +12,7 @@ import os
 import sys
 
 from .arguments import parser
-from .course import CourseError, shown
+from .course import REPO_ROOT, CourseError, shown
 from .stopping import Stopped, on_signals
 
 
@@ -202,6 +202,15 @@ def cmd_accept(args) -> int:
 
     if args.checks_of:  # the child process that runs one notebook's checks
         return accept.main_checks_of(args.checks_of, args.runs, args.course, args.json)
+    if args.budget is not None:
+        from labsupport.hardware import describe_machine
+
+        from . import budget
+        out = args.output or REPO_ROOT / "build" / f"first-run-{describe_machine().device_class}"
+        path, wrong = budget.within_budget(args.budget, tuple(args.notebooks), args.course, out)
+        print(path.read_text())
+        print(f"wrote {shown(path)}")
+        return 1 if wrong else 0
     path, wrong = accept.accept(tuple(args.parts.split(",")), args.runs, tuple(args.notebooks) or None,
                                 args.course, args.output, args.limit, args.deadline)
     print(path.read_text())

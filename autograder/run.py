@@ -91,6 +91,7 @@ def run_reference(where: course.Course | Path, build: Path, *, timeout_s: int = 
             with open(run_dir / f"{master.stem}.kernel.log", "w") as log:
                 peak_bytes = headless.execute(nb, run_dir, timeout_s=timeout_s, allow_errors=True, log=log)
             ran[master.name] = (time.perf_counter() - started, peak_bytes)
+            tqdm.write(f"ran {master.name} in {ran[master.name][0]:.0f} s, peak {peak_bytes / 2**30:.2f} GiB")
             nbformat.write(nb, run_dir / master.name)
             missed, failed = outcomes(nb, master.stem, _kept_reasons(run_dir / "results", master.stem[:2]))
             misses += missed

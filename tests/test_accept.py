@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from autograder import accept
 
 
@@ -108,3 +110,81 @@ def test_calibrate_excuses_only_06s_missing_ladder():
     assert not calibrate._usable(result("incorrect"))
     assert calibrate._usable(result("below bar")) and calibrate._usable(result("pass"))
     assert not calibrate._usable(result("pass", measured=None))
+
+
+# --- accept --budget: the first run on a new machine, bounded ---------------------------------------
+
+@pytest.mark.parametrize("ignores", ["the part", "what it started"])
+def test_a_bounded_part_is_stopped_at_its_share_with_everything_it_started(ignores, tmp_path, monkeypatch):
+    """A part that outlives its share is sent SIGTERM, and its process group SIGKILL after the grace
+    (or once the part exited): the part and the processes it started are gone when bounded
+    returns, whichever of them ignored SIGTERM."""
+    import sys
+    import time
+
+    from autograder import budget
+
+    monkeypatch.setattr(budget, "STOP_GRACE_S", 1)
+    pids = tmp_path / "pids"
+    deaf = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    stubborn = ("import os, signal, subprocess, sys, time\n" + (deaf if ignores == "the part" else "")
+                + "child = subprocess.Popen([sys.executable, '-c', "
+                + repr((deaf if ignores != "the part" else "") + "import time; time.sleep(60)") + "])\n"
+                "time.sleep(0.5)\n"
+                f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+                "time.sleep(60)\n")
+    started = time.monotonic()
+    said = budget.bounded([sys.executable, "-c", stubborn], 2, tmp_path / "part.log")
+    assert said.startswith("stopped at its share of the budget") and time.monotonic() - started < 15, said
+    def running(pid: int) -> bool:  # a zombie waiting for init to reap it runs nothing
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    for pid in map(int, pids.read_text().split()):
+        deadline = time.monotonic() + 5  # SIGKILL is sent; the kernel ends the process soon after
+        while running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(pid), f"process {pid} of the stopped part is still running"
+    assert budget.bounded([sys.executable, "-c", "pass"], 10, tmp_path / "ok.log") == ""
+    assert budget.bounded([sys.executable, "-c", "raise SystemExit(3)"], 10, tmp_path / "bad.log").startswith("exit 3")
+    assert budget.bounded([sys.executable, "-c", "pass"], 0.5, tmp_path / "late.log").startswith("not started")
+
+
+def test_each_graded_check_is_read_against_its_class_default_with_the_margin(tmp_path):
+    from autograder import budget
+
+    csv = tmp_path / "grading-time.checks.csv"
+    csv.write_text("student,notebook,cell,score,max_score,needs_manual_grade,check,measured,bar,result,reason,note\n"
+                   "reference,02_data_loading,test_loader,4,4,False,02-loader-speedup | 02-data-wait-share,"
+                   "3.1 | 0.02,>= 3 | <= 0.1,pass | pass,pass | pass,\n"
+                   "reference,05_compile,test_compile,0,3,False,05-compile-speedup,1.1,>= 1.25,fail,below bar,\n"
+                   "reference,01_profile,test_sync,2,2,False,01-throughput-sync,,,n/a,n/a,\n"
+                   "reference,06_report,analysis,0,5,True,,,,,,\n"
+                   "reference,07_compression,test_int8,0,2,False,07-int8-size,,,not graded,,\n")
+    table = budget.checks_against_defaults(csv)  # a notebook not asked for ("not graded") is left out
+    assert table.loc["02-loader-speedup", "vs default"] == "within 5%"
+    assert table.loc["02-data-wait-share", "vs default"] == "clears"
+    assert table.loc["05-compile-speedup", "vs default"] == "misses"
+    assert table.loc["01-throughput-sync", "vs default"] == "" and len(table) == 4
+
+
+@pytest.mark.long
+def test_the_first_run_grades_then_runs_and_says_what_the_budget_did_not_reach(tmp_path, tiny_env):
+    """At the tiny profile, 01 only, in 150 s: the reference graded through the judge and the
+    sandbox against the class defaults, then the notebooks until the budget ends; accept.md lists
+    each notebook as run or not reached, and the command says it did not reach them all."""
+    from autograder import budget, course
+
+    started = __import__("time").monotonic()
+    report, wrong = budget.within_budget(150, ("01",), course.COURSE_ROOT, tmp_path / "first-run")
+    took = __import__("time").monotonic() - started
+    text = report.read_text()
+    assert took < 150 + 2 * budget.STOP_GRACE_S + 30, took
+    assert "## The reference graded as a student" in text and "## The reference notebooks in the time left" in text
+    masters = [p.name for p in course.masters(course.COURSE_ROOT)]
+    assert all(f"- {name}: " in text for name in masters), text
+    if "01_profile" in text.split("## The reference notebooks")[0]:  # the graded part finished
+        assert "01-throughput-error" in text and "10/10" in text.replace(".0", ""), text
+    assert wrong and any("not reached" in text or "stopped" in w for w in wrong), wrong
