@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -30,7 +31,7 @@ __all__ = ["CASE_STUDY", "CASE_STUDY_HARDWARE", "COLUMNS", "INFERENCE_NOTE", "IN
            "PHASE_MISMATCH", "RUNGS", "SETUP_DTYPES", "SETUP_SIZES", "Ladder", "analysis_from_notebook",
            "case_study", "default_path", "export_html", "figure_html", "inference", "ladder", "markdown_html",
            "measure_rung", "phase_mismatches", "phases", "plots", "roofline", "roofline_html",
-           "rung_details", "write_page"]
+           "rung_details", "keep_paired", "paired_html", "write_page"]
 
 
 def roofline_html(lad: Ladder) -> list[str]:
@@ -83,7 +84,7 @@ def _table(frame: pd.DataFrame, css: str, **kw) -> str:
 
 def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performance Lab: report",
                 checks: pd.DataFrame | None = None, analysis: str | None = None,
-                extra: dict[str, pd.DataFrame] | None = None, paired=None) -> Path:
+                extra: dict[str, pd.DataFrame] | None = None) -> Path:
     """Write the comparison report of ladder ``lad`` as one self-contained HTML page; return its path.
 
     Sections: the machine; the ladder (the ``assemble`` table) and each rung's details (change,
@@ -91,9 +92,9 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
     memory, the case study); the published case-study ladder beside this one; the graded checks
     (``checks``, default: every notebook's kept table in the results store); the written
     ``analysis`` (default: read from ``06_report.ipynb`` beside the kernel); missing stages; and,
-    given ``paired`` (06's ``ls.paired.ladder(lab, lad)``), the same rungs timed again in one process,
-    interleaved, beside each notebook's own figure, with the load it ran under and the measured
-    cause of any rung slower than the one it builds on.
+    where 06 measured it (:func:`keep_paired`, in the ladder's results store), the same rungs timed
+    again in one process, interleaved, beside each notebook's own figure, with the load it ran
+    under and the measured cause of any rung slower than the one it builds on.
     Tables are HTML and plots PNG data URIs: the page opens offline, anywhere, at any width.
     """
     figures = plots(lad)
@@ -115,12 +116,7 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
         if not details.empty:
             parts += ['<h2 id="rungs">Each rung: what changed, spread, memory</h2>',
                       _table(details, "rungs", float_format=lambda v: f"{v:,.1f}")]
-        if paired is not None:
-            parts += ['<h2 id="paired">The same ladder, paired</h2>',
-                      "<p>Every rung timed again in one process, in interleaved rounds: the ratios "
-                      "below are read inside one round, on one state of the machine.</p>",
-                      _table(paired.table(lad.rows), "paired"), "<ul>"]
-            parts += [f"<li>{html.escape(line)}</li>" for line in paired.lines()] + ["</ul>"]
+        parts += paired_html(lad.directory)
         parts += roofline_html(lad)
     if lad.missing:
         parts += ['<h2 id="missing">Missing stages</h2>', "<ul>"] + \
@@ -154,6 +150,33 @@ def export_html(path: Path | str, lad: Ladder, *, title: str = "PyTorch Performa
                  "<p>The written analysis is in 06_report.ipynb (its notebook was not beside the kernel "
                  "that exported this page).</p>")
     return write_page(path, title, parts)
+
+
+PAIRED_FILE = Path("paired") / "ladder.json"
+
+
+def keep_paired(table: pd.DataFrame, lines: list[str], directory: Path | str | None = None) -> Path:
+    """Keep 06's paired ladder (its table and what goes with it: ``ls.paired.ladder``) in the results
+    store, for every report page exported from it; returns the file."""
+    path = Path(directory or results.results_dir()) / PAIRED_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"table": json.loads(table.to_json(orient="split")), "lines": list(lines),
+                                "kept_at": dt.datetime.now().isoformat(timespec="seconds")}))
+    return path
+
+
+def paired_html(directory: Path | str | None = None) -> list[str]:
+    """The report's paired-ladder section, from what :func:`keep_paired` kept (none: nothing)."""
+    path = Path(directory or results.results_dir()) / PAIRED_FILE
+    if not path.is_file():
+        return []
+    kept = json.loads(path.read_text())
+    table = pd.DataFrame(**kept["table"])
+    return (['<h2 id="paired">The same ladder, paired</h2>',
+             f"<p>Every rung timed again in one process (06, {html.escape(kept['kept_at'])}), in interleaved "
+             "rounds: each ratio is read inside one round, on one state of the machine.</p>",
+             _table(table, "paired"), "<ul>"]
+            + [f"<li>{html.escape(line)}</li>" for line in kept["lines"]] + ["</ul>"])
 
 
 def markdown_html(text: str) -> str:

@@ -107,21 +107,27 @@ def test_06s_paired_ladder_times_each_rung_built_from_the_carried_code_and_names
     assert "03" in table.not_timed["03-amp"], table.not_timed
     assert list(table.table().index) == ["baseline", "+data loading"]
     assert table.speedup("02-data", "01-baseline").n == 3 and table.load["before"] is not None
+    from labsupport import report
+    assert "+data loading" in "".join(report.paired_html(tiny_env)), "kept for every report page from the store"
 
 
-def test_the_html_report_shows_the_paired_ladder_beside_each_notebooks_figure(tmp_path):
-    """06 hands its paired ladder to export_html: the page shows the paired table beside each
-    notebook's own figure, the load it ran under, and why a rung read slower than its base."""
+def test_every_report_page_from_the_store_shows_the_paired_ladder_beside_each_notebooks_figure(tmp_path):
+    """06 keeps its paired ladder in the results store; every page exported from that store (06's,
+    and 07's again with its inference table) shows the paired table beside each notebook's own
+    figure, the load it ran under, and why a rung read slower than its base."""
     from labsupport import report
 
     paired = _paired({"cheap": [1.0, 1.0], "dear": [3.0, 3.0]}, [("cheap", "dear"), ("dear", "cheap")])
     paired.compiled["dear"] = {"compile_s": 1.5, "graphs": 2, "graph_breaks": 1, "reasons": []}
-    lad = report.Ladder(table=pd.DataFrame([{"stage": "cheap", "samples/s": 1.0}]),
-                        rows=pd.DataFrame([{"stage": "cheap", "samples_per_s": 1.0},
-                                           {"stage": "dear", "samples_per_s": 0.8}]))
-    page = report.export_html(tmp_path / "r.html", lad, checks=pd.DataFrame(), analysis="-", paired=paired).read_text()
-    section = page[page.index('id="paired"'):page.index('id="paired"') + 4000]
-    assert "this rung, paired" in section and "0.33x" in section and "0.80x" in section
-    assert "2 rounds of 2 steps per rung" in section and "1 graph break" in section
+    rows = pd.DataFrame([{"stage": "cheap", "samples_per_s": 1.0}, {"stage": "dear", "samples_per_s": 0.8}])
+    store = tmp_path / "results"
+    report.keep_paired(paired.table(rows), paired.lines(), store)
+    for page in ("06.html", "07.html"):
+        lad = report.Ladder(table=pd.DataFrame([{"stage": "cheap", "samples/s": 1.0}]), rows=rows, directory=store)
+        text = report.export_html(tmp_path / page, lad, checks=pd.DataFrame(), analysis="-").read_text()
+        section = text[text.index('id="paired"'):text.index('id="paired"') + 4000]
+        assert "this rung, paired" in section and "0.33x" in section and "0.80x" in section
+        assert "2 rounds of 2 steps per rung" in section and "1 graph break" in section
+    lad = report.Ladder(table=lad.table, rows=rows, directory=tmp_path / "another-store")
     plain = report.export_html(tmp_path / "plain.html", lad, checks=pd.DataFrame(), analysis="-").read_text()
     assert 'id="paired"' not in plain

@@ -13,8 +13,9 @@ of the per-round ratios with their quartiles. A rung slower than the one it buil
 by a measured cause: the two steps profiled side by side (the operators whose time changed most,
 per image) and, for a compiled rung, Dynamo's graphs, graph breaks and compile time.
 
-Used by 06_report (``ls.paired.ladder(lab, lad).show()``), beside the per-notebook ladder; its report
-page shows the last one measured (:func:`last`).
+Used by 06_report (``ls.paired.ladder(lab, lad).show()``), beside the per-notebook ladder. What it
+shows is kept in the results store (:func:`labsupport.report.keep_paired`), and every report page
+exported from that store shows it (06's, and 07's again with its inference table).
 """
 
 from __future__ import annotations
@@ -261,6 +262,7 @@ def ladder(lab, lad=None, *, rounds: int | None = None, steps_per_round: int | N
     """Every rung of ``lad`` (default: every rung of the ladder) timed in this process, in interleaved
     rounds (default: twice the profile's ``rounds`` and more, of half its ``steps_per_round``), each
     rung built from the carried code; a rung slower than the one it builds on is profiled beside it."""
+    from .. import report
     from ..report import RUNGS
 
     stages = [s for s, _ in RUNGS if lad is None or s in set(lad.rows.get("stage", []))]
@@ -296,14 +298,5 @@ def ladder(lab, lad=None, *, rounds: int | None = None, steps_per_round: int | N
         base, rung = by_stage[result.builds_on[stage]], by_stage[stage]
         result.causes[stage] = profile_side_by_side(
             {labels[base.stage]: (base.run, base.batch), labels[stage]: (rung.run, rung.batch)}, lab.device)
-    _LAST[:] = [result]
+    report.keep_paired(result.table(None if lad is None else lad.rows), result.lines())
     return result
-
-
-_LAST: list[PairedLadder] = []
-
-
-def last() -> PairedLadder | None:
-    """The paired ladder :func:`ladder` measured last in this process (06's section 2), for its
-    report page; None where none was (a kernel that skipped section 2, or the grader's run)."""
-    return _LAST[0] if _LAST else None
