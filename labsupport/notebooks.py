@@ -116,7 +116,7 @@ class ComputeTimes:
 # The measured times predate issue 64's topic cells (01's optional part, 02, 04 and 05's new sections):
 # at the tiny profile on class cpu-bf16, beside other jobs on its 2 cores, 0-33 s each (05's export
 # the longest), 21 s for 01's, 4 s for 04's, 37 s for 05's: not yet measured at the real profiles.
-_CPU_BF16 = {"01": 115, "02": 49, "03": 50, "04": 59, "05": 102, "06": 18, "07": 94, "08": 44}
+_CPU_BF16 = {"01": 57, "02": 71, "03": 79, "04": 86, "05": 93, "06": 73, "07": 126, "08": 59}
 _CPU = {"01": 73, "02": 85, "03": 274, "04": 134, "05": 207, "06": 42, "07": 314, "08": 96}
 _T4 = {"01": (180, 300), "02": (240, 360), "03": (240, 360), "04": (180, 300), "05": (360, 600),
        "06": (60, 180), "07": (360, 600), "08": (120, 180)}
@@ -125,8 +125,8 @@ _H200_CHECKS = {"03": 13, "04": 13, "05": 23, "06": 86, "07": 92, "08": 0}
 ALL = tuple(nb.number for nb in NOTEBOOKS)
 
 COMPUTE: tuple[ComputeTimes, ...] = (
-    ComputeTimes("cpu-bf16", "make run on main ad4a1c8 (2026-11-29): 2 cores of an AMD EPYC with AVX-512 BF16 "
-                 "and no AMX, 112 px, batch 32, torch 2.14", {n: (s, s) for n, s in _CPU_BF16.items()}, ALL),
+    ComputeTimes("cpu-bf16", "make run on main f3e2e58 (2026-11-29, with the topic cells and 06's paired ladder): "
+                 "2 cores of an AMD EPYC with AVX-512 BF16 and no AMX, 112 px, batch 32, torch 2.14", {n: (s, s) for n, s in _CPU_BF16.items()}, ALL),
     ComputeTimes("cpu", "make run: 2 cores of an AMD EPYC with AVX2 only (no AVX-512, no AMX), 64 px, batch 32, "
                  "torch 2.14 (07 executed alone with nbclient)", {n: (s, s) for n, s in _CPU.items()}, ALL),
     ComputeTimes("cuda-tensorcore-xl", "an H200, torch 2.11 (2026-11-26): 01 measured under make run, 02 its cells "
