@@ -340,7 +340,12 @@ def test_processes_that_run_on_while_their_worker_is_stopped_gain_nothing(tmp_pa
     print(f"{cheat}: speedup {speedup['measured']}, {speedup['note'][:160]}; wait: {wait['note'][:200]}; "
           f"frozen side's CPU per block: {verdict.get('frozen_cpu_usec')}; problems: {verdict['problems']}")
     assert speedup["status"] == "fail" and speedup["reason"] == "below bar", speedup
-    assert speedup["measured"] < 1.5, speedup
+    # The naive loader against itself, as in test_code_that_bends_...: about 1x idle, but beside make
+    # test's other lanes at the tiny profile one run read 1.63x (the early burners, frozen; /tmp/ci4)
+    # and another 1.68x. So this bound only keeps it well under the bar of 3; what tells the freeze
+    # from the old pause (the hopper's 1.82x) is the frozen side's CPU per block, verified below,
+    # and the wait check.
+    assert speedup["measured"] < 2.5, speedup
     assert wait["status"] == "fail" and wait["reason"] == "below bar", wait  # its wait fell against nothing
     frozen = verdict.get("frozen_cpu_usec") or {}
     assert frozen.get("blocks") and frozen["max"] <= judging.PAUSED_CPU_USEC, verdict  # every block verified
