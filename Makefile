@@ -28,8 +28,9 @@ run: $(STAMP)
 # tests/conftest.py gives (--no-loadscope-reorder; its LONGEST_FIRST, then the rest by size): the
 # instructor tests, which grade the class once in a module fixture (the long pole), start first,
 # and the other files run beside them, longest first. The tests marked `long` (the lab on other
-# ground: a Slurm cluster, a Colab stand-in, the real profile and dataset, DDP in two processes, and
-# two more style families through the judge) run in `make test-long`; CI (.ci/run) runs both.
+# ground: a Slurm cluster, a Colab stand-in, the real profile and dataset, a profile that grades
+# speed, DDP in two processes, the style families through the judge, Inductor building the
+# training step, a judge with no cgroup to freeze) run in `make test-long`; CI (.ci/run) runs both.
 test: $(STAMP) browser sandbox slurm
 	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder -m "not long"
 

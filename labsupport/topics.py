@@ -6,7 +6,7 @@ its numbers as a table, on any device (a GPU-only tool says so where there is no
 - 02: many small files against one packed file, warm and cold (:func:`small_files_vs_packed`);
   threads, core affinity and visible devices (:func:`thread_scaling`, :func:`child_view`).
 - 04: the memory of training, worked out from the parameter count and checked against a count of
-  tensor bytes (:func:`training_bytes`, :func:`measured_training_bytes`).
+  tensor bytes (:func:`measured_training_bytes`; the arithmetic is the student's, graded in 04).
 - 05: export, run and compare (:func:`exported_and_compared`); which attention kernel
   ``F.scaled_dot_product_attention`` ran (:func:`attention_kernels`).
 
@@ -252,19 +252,6 @@ def child_view(env: dict[str, str] | None = None, cores: str | None = None) -> d
 
 
 # --- 04: the memory of training -------------------------------------------------------------------
-
-# Bytes of optimizer state per parameter, in units of the parameter's own bytes (fp32 master weights).
-STATE_PER_PARAMETER = {"sgd": 0, "sgd-momentum": 1, "adam": 2}
-
-
-def training_bytes(parameters: int, *, optimizer: str = "adam", bytes_per_number: int = 4,
-                   activation_bytes: int = 0) -> dict[str, int]:
-    """The memory of training a model of ``parameters`` numbers in fp32, part by part: weights,
-    gradients, optimizer state and the activations saved for backward (given) (notebook 04)."""
-    weights = parameters * bytes_per_number
-    return {"weights": weights, "gradients": weights, "optimizer state": STATE_PER_PARAMETER[optimizer] * weights,
-            "activations": activation_bytes}
-
 
 def measured_training_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, int]:
     """One Adam step of ``model`` on ``(x, y)`` from no state, counted by ``ls.memory.TensorBytes``:

@@ -599,19 +599,58 @@ def test_graded_checks_ignore_a_monkeypatched_labsupport(monkeypatch):
 
 # 04 ------------------------------------------------------------------------------------------
 
-CKPT_CELLS = ("checkpointed", "SEGMENTS", "accumulate_step")
+CKPT_CELLS = ("checkpointed", "SEGMENTS", "accumulate_step", "training_bytes")
 
 
 def test_04_reference_passes():
     ns = solution("04", *CKPT_CELLS)
     found = checks.run("04", ns)
-    for check in ("04-grad-match", "04-activation-ratio", "04-fits-budget", "04-accum-match"):
+    for check in ("04-grad-match", "04-activation-ratio", "04-fits-budget", "04-accum-match", "04-training-memory"):
         assert found[check].status == "pass", found[check]
     # At the tiny scale (32 px, batch 8) a step's peak is its 45 MiB of gradients, not activations,
     # so checkpointing cannot lower it: the peak check is meaningful at real profiles only.
     assert found["04-peak-ratio"].measured > 0.9
     assert found["04-time-overhead"].measured is not None  # timed and reported at any scale
     assert found["04-time-overhead"].status == "n/a", found["04-time-overhead"].note  # its timed calls checked
+
+
+def _parts(weights, buffers):
+    return {"weights": weights, "gradients": weights, "optimizer state": buffers * weights}
+
+
+@pytest.mark.parametrize("answer, wrong", [
+    (lambda n, opt, b=4: _parts(n * b, {"sgd": 0, "momentum": 1, "adam": 1}[opt]), "'adam'"),  # Adam's one buffer
+    (lambda n, opt, b=4: _parts(n * 4, {"sgd": 0, "momentum": 1, "adam": 2}[opt]), ", 2)"),  # the number size forgotten
+    (lambda n, opt, b=4: _parts(n * 4, 2), "'momentum'"),  # the table's 16 bytes per parameter, whatever was asked
+    (lambda n, opt, b=4: _parts(n * b, {"sgd": 0, "momentum": 1, "adam": 2}[opt]) if n < 10**8 else _parts(0, 0),
+     "1,500,000,000"),  # right only where a model could be counted
+    (lambda n, opt, b=4: [n * b] * 3, "not a dict"),
+    (lambda n, opt, b=4: 1 / 0, "ZeroDivisionError"),
+], ids=["adam-one-buffer", "number-size-forgotten", "16-bytes-always", "only-countable-models", "a-list", "raises"])
+def test_04_training_memory_is_judged_on_counted_optimizer_steps_it_was_not_shown(answer, wrong):
+    """04-training-memory asks ``training_bytes`` about models, optimizers and number sizes 04's table
+    does not show, and about models too large to count: each wrong answer fails it, saying which
+    case, and costs no other check."""
+    ns = solution("04", *CKPT_CELLS)
+    ns["training_bytes"] = answer
+    found = checks.run("04", ns, only=("04-grad-match", "04-training-memory"))
+    memory = found["04-training-memory"]
+    assert memory.status == "fail" and wrong in memory.note, memory.note
+    assert found["04-grad-match"].status == "pass", found["04-grad-match"]
+
+
+def test_04_training_memory_written_in_another_style_passes():
+    """Other names, floats, a keyword-only number size and a table of optimizers: full marks."""
+    ns = solution("04", *CKPT_CELLS)
+    buffers = {"adam": 2.0, "momentum": 1.0, "sgd": 0.0}
+
+    def training_bytes(n_params, opt, *, bytes_per_number=4):
+        each = float(n_params) * bytes_per_number
+        return {"optimizer state": buffers[opt] * each, "gradients": each, "weights": each, "activations": None}
+
+    ns["training_bytes"] = training_bytes
+    memory = checks.run("04", ns, only=("04-training-memory",))["04-training-memory"]
+    assert memory.status == "pass" and "counted tensor by tensor" in memory.note, memory
 
 
 def test_04_checkpointing_that_skips_its_recomputation_when_timed_loses_the_overhead_only():
@@ -1200,6 +1239,7 @@ def test_07_distillation_is_graded_where_the_profile_grades_accuracy(monkeypatch
     assert len(accurate.details["alone"]) == len(ls.compress.DISTILL_SEEDS), accurate
 
 
+@pytest.mark.long  # a profile that grades speed, with Inductor building int8 and fp32 models (38 s in ci5)
 def test_07_int8_speed_is_graded_at_a_profile_that_grades_speed(monkeypatch):
     """Speed and accuracy, measured where the profile grades them (tiny, with a few steps only):
     the reference's int8 model, rebuilt from its export and compiled the lab's way, is compared

@@ -391,6 +391,7 @@ def _runs(pid: str, what: bytes) -> bool:
         return False
 
 
+@pytest.mark.long  # a machine without a cgroup the grader may freeze: other ground (29 s in ci5)
 def test_without_a_group_to_freeze_a_side_in_the_judge_grades_no_speed_that_compares_two_sides(tmp_path, tiny_data,
                                                                                                    reference_02):
     """Workers under a sandbox prefix the grader gave no cgroup (as where none can be had: no root,
@@ -1115,7 +1116,8 @@ def test_01_answers_from_labsupport_or_the_grader_and_another_network_lose_exact
 # 04 --------------------------------------------------------------------------------------------
 
 STATUSES_04 = {"04-grad-match": "pass", "04-activation-ratio": "pass", "04-peak-ratio": "n/a",
-               "04-fits-budget": "pass", "04-time-overhead": "n/a", "04-accum-match": "pass"}
+               "04-fits-budget": "pass", "04-time-overhead": "n/a", "04-accum-match": "pass",
+               "04-training-memory": "pass"}
 
 
 def test_04_reference_is_judged_correct_in_its_workers(tmp_path, tiny_data, reference_code):

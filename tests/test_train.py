@@ -111,6 +111,7 @@ def test_a_students_update_is_broken_into_phases_by_hooks(tiny_data, tiny):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # Inductor builds ResNet-18's training step in C++: 85 s beside make test's lanes (ci5)
 def test_compiled_step_trains_and_matches_eager():
     images, labels = _batch()
     eager, compiled = make_step(StepConfig(), "cpu"), make_step(StepConfig(compiled=True), "cpu")

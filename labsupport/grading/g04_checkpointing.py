@@ -9,6 +9,9 @@
   there and counted (as many convolutions as an untimed call's).
 - ``04-accum-match``: the model sees k micro-batches, which give the large batch's gradients and one
   optimizer update, and (at the real scale) lower the step's peak memory.
+- ``04-training-memory``: the student's ``training_bytes`` (weights, gradients and optimizer state of
+  training a model, by hand) agrees with what a real optimizer step leaves, counted tensor by tensor,
+  for models, optimizers and number sizes they were not shown, and for models too large to count.
 
 Each check is written once, against ``sides``: :class:`Here` holds the steps in this process (the
 notebook's self-check); the grader's judge passes its :class:`Remote`, which holds the
@@ -20,7 +23,6 @@ floor are computed where the check runs: in the grader, by the judge.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -29,7 +31,8 @@ import torch.nn.functional as F
 from .. import measure, memory, train
 from . import judge, one_batch, partners, register, speed, student, with_baseline
 from .g03_amp import timed_calls
-from .g04_worker import HeldAccumulation, HeldCheckpoint, Here, segments_of, step_peak  # noqa: F401 (re-exported)
+from .g04_worker import (TRAINING_PARTS, HeldAccumulation, HeldCheckpoint, Here, segments_of,  # noqa: F401
+                         step_peak)
 from .judge_setup import Judged, MODEL_BYTES, RemoteSides
 from .rungs import Recipe, Rung, measured
 
@@ -294,6 +297,77 @@ def accumulation(namespace, lab, sides=None):
                   why_incorrect=why, note="" if why else note)]
 
 
+# --- 04-training-memory: the memory of training, by hand, against a count -------------------------
+
+_MODELS = {"ResNet-18": lambda seed: train.build_model(seed=seed),
+           "MLP": lambda seed: torch.nn.Sequential(torch.nn.Linear(37, 53), torch.nn.ReLU(), torch.nn.Linear(53, 11)),
+           "convnet": lambda seed: torch.nn.Sequential(torch.nn.Conv2d(3, 24, 3, bias=False), torch.nn.BatchNorm2d(24),
+                                                       torch.nn.Conv2d(24, 40, 5), torch.nn.Flatten(),
+                                                       torch.nn.Linear(40 * 6 * 6, 7))}
+# What the check counts: (model, its dtype, optimizer). None of them is the one 04's table shows
+# with Adam in float32 alone; BatchNorm's running statistics are buffers, not parameters, and no
+# optimizer keeps state for them.
+COUNTED = (("ResNet-18", torch.float32, "adam"), ("ResNet-18", torch.float32, "momentum"),
+           ("MLP", torch.float32, "sgd"), ("MLP", torch.bfloat16, "adam"), ("convnet", torch.bfloat16, "momentum"))
+# And carried to models too large to count here, from the bytes per parameter counted above.
+CARRIED = ((1_500_000_000, "adam", 4), (7_000_000_000, "momentum", 2), (70_000_000_000, "sgd", 4))
+
+
+def counted_training_bytes(model: torch.nn.Module, optimizer: str) -> dict[str, int]:
+    """One update of ``model``'s parameters by ``optimizer`` ("sgd", "momentum" or "adam"), from no
+    state, on the CPU: the bytes its weights, its gradients and the optimizer's state then hold,
+    counted tensor by tensor. Adam's step counters are 0-d (one number per tensor, not per
+    parameter) and left out, as 04 says."""
+    params = list(model.parameters())
+    opt = (torch.optim.Adam(params, foreach=False) if optimizer == "adam" else
+           torch.optim.SGD(params, lr=0.1, momentum=0.9 if optimizer == "momentum" else 0.0))
+    sum(p.float().sum() for p in params).backward()  # a gradient for every parameter
+    opt.step()
+    nbytes = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)  # noqa: E731
+    return {"weights": nbytes(params), "gradients": nbytes(p.grad for p in params),
+            "optimizer state": nbytes(t for s in opt.state.values() for t in s.values()
+                                      if torch.is_tensor(t) and t.dim() > 0)}
+
+
+def training_memory_cases(seed: int) -> list[tuple[tuple[int, str, int], dict[str, int]]]:
+    """``((parameters, optimizer, bytes per number), the right answer)`` for every case the check
+    asks: counted on :data:`COUNTED`'s models, then :data:`CARRIED` from the bytes per parameter
+    those counts gave (each a whole number of bytes, or the count is not what 04 teaches)."""
+    torch.manual_seed(seed)
+    cases, per_parameter = [], {}
+    for name, dtype, optimizer in COUNTED:
+        model = _MODELS[name](seed).to(dtype)
+        parameters, size = sum(p.numel() for p in model.parameters()), dtype.itemsize
+        counted = counted_training_bytes(model, optimizer)
+        cases.append(((parameters, optimizer, size), counted))
+        per_parameter[optimizer] = {part: counted[part] // (parameters * size) for part in TRAINING_PARTS}
+        assert all(counted[part] == per_parameter[optimizer][part] * parameters * size for part in TRAINING_PARTS)
+    for parameters, optimizer, size in CARRIED:
+        cases.append(((parameters, optimizer, size),
+                      {part: n * parameters * size for part, n in per_parameter[optimizer].items()}))
+    return cases
+
+
+@register("04-training-memory")
+def training_memory(namespace, lab, sides=None):
+    """The student's ``training_bytes`` gives each part of training memory as a real optimizer step
+    holds it, on models, optimizers and number sizes it was not shown."""
+    student(namespace, "training_bytes", "04")
+    sides = sides or Here(namespace, lab)
+    cases = training_memory_cases(lab.seed)
+    answers = sides.training_bytes([case for case, _ in cases])  # every answer before any comparison
+    wrong = [] if len(answers) == len(cases) else [f"{len(answers)} answers to {len(cases)} cases"]
+    for ((parameters, optimizer, size), want), got in zip(cases, answers):
+        off = [f"{part} {got[part]:,.0f} (counted {want[part]:,})" for part in TRAINING_PARTS
+               if not abs(float(got[part]) - want[part]) <= 1e-4 * want[part] + 1]
+        if off:
+            wrong.append(f"training_bytes({parameters:,}, {optimizer!r}, {size}): " + ", ".join(off))
+    return [judge("04-training-memory", float(not wrong), lab, correct=not wrong,
+                  why_incorrect="; ".join(wrong[:3]) + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else ""),
+                  note=f"{len(COUNTED)} optimizer steps counted tensor by tensor ({', '.join(sorted({o for _, _, o in COUNTED}))}; "
+                       f"float32 and bfloat16), {len(CARRIED)} models too large to count")]
+
+
 from .g04_worker import RUNG  # noqa: E402,F401 (its rung is declared beside what its worker builds)
 
 
@@ -307,6 +381,14 @@ class Remote(RemoteSides):
     def accumulate(self, *, k: int, lr: float, size: int):
         """The student's ``accumulate_step`` after one call, held in their worker."""
         return self.sides.held("candidate", "accumulate", asked=HeldAccumulation.ASKED, k=k, lr=lr, size=size)
+
+    def training_bytes(self, cases) -> list[dict[str, float]]:
+        """The student's ``training_bytes`` on each case, in their worker: a dict of numbers per case."""
+        answers = self.sides.ask("candidate", "training_bytes", cases=[list(c) for c in cases])["value"]
+        if not isinstance(answers, list) or not all(
+                isinstance(a, dict) and all(isinstance(a.get(p), (int, float)) for p in TRAINING_PARTS) for a in answers):
+            raise ValueError("training_bytes's worker answered something other than a number per part and case")
+        return answers
 
 
 # How the judge sets up 04's checks: the lab's plain network in a worker of its own; a model's state crosses.

@@ -14,6 +14,10 @@ import torch.nn.functional as F
 from .. import memory, train
 from . import StudentCodeError, one_batch, student, timed
 from .rungs import Recipe, Rung, measured
+from .watch import watched
+
+# The parts of training memory the student's ``training_bytes`` returns, in bytes (04, section 6).
+TRAINING_PARTS = ("weights", "gradients", "optimizer state")
 
 
 def segments_of(namespace) -> int:
@@ -158,6 +162,22 @@ class Here:
                                    augment=False)
         return HeldAccumulation(student(self.namespace, "accumulate_step", "04"), self.lab, images, labels, k, lr)
 
+    def training_bytes(self, cases) -> list[dict[str, float]]:
+        """The student's ``training_bytes(parameters, optimizer, bytes_per_number)`` on each case, as
+        plain numbers per part (:data:`TRAINING_PARTS`)."""
+        fn = watched(student(self.namespace, "training_bytes", "04"), "training_bytes", "04")
+        answers = []
+        for parameters, optimizer, size in cases:
+            try:  # as 04's cell declares it, whatever the student named its arguments
+                got = fn(int(parameters), str(optimizer), int(size))
+            except TypeError:  # or with bytes_per_number keyword-only
+                got = fn(int(parameters), str(optimizer), bytes_per_number=int(size))
+            if not isinstance(got, dict):
+                raise StudentCodeError(f"training_bytes returned a {type(got).__name__}, not a dict of "
+                                       f"{', '.join(TRAINING_PARTS)}")
+            answers.append({part: float(got[part]) if part in got else float("nan") for part in TRAINING_PARTS})
+        return answers
+
     def focus(self, side: str | None) -> None:
         pass
 
@@ -185,9 +205,9 @@ def step_peak(step, lab, lr: float) -> tuple[int, int]:
 class Side:
     """04 in a worker: the plain step (the baseline's), the student's checkpointed step and their
     accumulation (the student's), each held for the judge to ask :data:`HeldCheckpoint.ASKED` or
-    :data:`HeldAccumulation.ASKED` of."""
+    :data:`HeldAccumulation.ASKED` of; the student's ``training_bytes`` on plain numbers."""
 
-    ASKED = ("checkpoint_step", "accumulate")
+    ASKED = ("checkpoint_step", "accumulate", "training_bytes")
 
     def __init__(self, namespace: dict, lab, *, student: bool):
         self.here, self.student = Here(namespace, lab), student
@@ -199,6 +219,11 @@ class Side:
         if not self.student:
             raise PermissionError("the baseline's worker holds no student code (accumulate_step)")
         return self.here.accumulate(k=int(k), lr=float(lr), size=int(size))
+
+    def training_bytes(self, *, cases: list) -> list[dict[str, float]]:
+        if not self.student:
+            raise PermissionError("the baseline's worker holds no student code (training_bytes)")
+        return self.here.training_bytes([(int(n), str(o), int(b)) for n, o, b in cases])
 
 
 # --- 04's rung: their checkpointing around their 03 step, spent on a doubled batch -----------------
