@@ -878,6 +878,46 @@ def test_05_compiled_model_with_other_outputs_fails():
     assert result.status == "fail" and "differ from eager" in result.note
 
 
+def _by_hand(q, k, v, causal=False, *, scale=True, mask=True):
+    scores = q @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5 if scale else 1.0)
+    if causal and mask:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def _blocked(q, k, v, causal=False):
+    """Another style: 256 queries at a time, each block's scores written out and dropped."""
+    out = []
+    for start in range(0, q.shape[-2], 256):
+        scores = q[..., start:start + 256, :] @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        if causal:
+            rows = torch.arange(start, start + scores.shape[-2])[:, None]
+            scores = scores.masked_fill(torch.arange(k.shape[-2])[None, :] > rows, float("-inf"))
+        out.append(scores.softmax(-1) @ v)
+    return torch.cat(out, dim=-2)
+
+
+@pytest.mark.parametrize("answer, status, said", [
+    (lambda q, k, v, causal=False: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
+     "pass", "the scores would take 128 MiB"),
+    (_blocked, "pass", "the scores would take 128 MiB"),
+    (_by_hand, "fail", "held"),  # right, but the L x L scores written out
+    (lambda q, k, v, causal=False: _by_hand(q, k, v, causal, scale=False), "fail", "differs"),
+    (lambda q, k, v, causal=False: _by_hand(q, k, v, causal, mask=False), "fail", "(causal)"),
+    (lambda q, k, v, causal=False: (q + k + v)[..., :0], "fail", "differs"),
+    (lambda q, k, v, causal=False: 1 / 0, "fail", "ZeroDivisionError"),
+], ids=["sdpa", "blocked", "scores-written-out", "no-scale", "no-mask", "wrong-shape", "raises"])
+def test_05_attention_is_right_on_unseen_inputs_and_holds_no_scores(answer, status, said):
+    """05-attention: the formula on inputs 05 never drew, causal and not, then one call at L = 2048
+    that may hold at most half the scores' 128 MiB: SDPA and a blocked attention pass, each wrong
+    answer fails saying what was wrong."""
+    ns = solution("05", "break_even_steps")
+    ns["attention"] = answer
+    found = checks.run("05", ns, only=("05-attention",))
+    assert set(found) == {"05-attention"}, found
+    assert found["05-attention"].status == status and said in found["05-attention"].note, found["05-attention"]
+
+
 def test_05_a_compiled_model_that_remembers_its_first_answer_fails():
     """Every timed call infers on fresh input: answers remembered from an earlier call are wrong."""
     ns = solution("05", "break_even_steps")

@@ -37,7 +37,7 @@ POINTS = {  # grade id -> points, read from the masters (asserted against them b
     "04_checkpointing": {"test_grad_match": 2, "test_activation_ratio": 2, "test_peak_ratio": 1,
                          "test_fits_budget": 2, "test_time_overhead": 1, "test_accumulation": 2,
                          "test_training_memory": 1},
-    "05_compile": {"test_compile_speedup": 3, "test_break_even": 2},
+    "05_compile": {"test_compile_speedup": 3, "test_break_even": 2, "test_attention": 1},
     "06_report": {"test_stages": 2, "test_ladder_table": 2, "test_end_to_end": 3, "test_html": 1},
     "07_compression": {"test_sparsity": 2, "test_pruned_accuracy": 1, "test_int8_size": 2, "test_int8_speedup": 2,
                        "test_int8_accuracy": 1, "test_distill_loss": 1, "test_distill_accuracy": 1},
@@ -147,7 +147,7 @@ LOSES = {
     "reuse": {"02_data_loading": set(POINTS["02_data_loading"]),
               "03_amp": {"test_accuracy", "test_amp_speedup", "test_activation_memory"},
               "04_checkpointing": set(POINTS["04_checkpointing"]) - {"test_accumulation", "test_training_memory"},
-              "05_compile": set(POINTS["05_compile"]), "06_report": set(POINTS["06_report"])},
+              "05_compile": {"test_compile_speedup", "test_break_even"}, "06_report": set(POINTS["06_report"])},
 }
 SUBMITS = {"hardcoded": {"02_data_loading", "03_amp", "05_compile"},
            "answers": {"01_profile", "05_compile"}, "other-work": {"01_profile"}, "answers-elsewhere": {"01_profile"},
@@ -744,7 +744,7 @@ def test_the_forged_verdict_never_reaches_what_decides_02(graded):
     assert page.index("The grader's verdicts") < page.index("student's self-check")
     assert not any("forged" in d["note"] for d in kept["decided"].values())  # (the page shows its source)
     table = grade.summary(graded["grades"])
-    assert table.loc["reference", "automatic max"] == sum(sum(c.values()) for c in POINTS.values())  # 58
+    assert table.loc["reference", "automatic max"] == sum(sum(c.values()) for c in POINTS.values())  # 59
     assert table.loc["reference", "max"] == table.loc["reference", "automatic max"] + 4  # 06's analysis
 
 

@@ -545,6 +545,10 @@ def compile_inference(model):
 
 def break_even_steps(compile_s, eager_ms, compiled_ms):
     return math.inf if compiled_ms >= eager_ms else compile_s * 1000 / (eager_ms - compiled_ms)
+
+
+def attention(q, k, v, causal=False):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 """
 
 
@@ -554,19 +558,33 @@ def test_05_correct_code_is_judged_correct_in_its_worker(tmp_path, tiny_data, re
     02 code the rung cannot be set up, and the verdict says so."""
     verdict = judge(tmp_path, tiny_data, COMPILE_05, notebook="05", earlier={"03": reference_code["03"]})
     checks = verdict["checks"]
-    assert statuses(verdict) == {"05-compile-speedup": "n/a", "05-break-even": "pass"}, checks
+    assert statuses(verdict) == {"05-compile-speedup": "n/a", "05-break-even": "pass", "05-attention": "pass"}, checks
+    assert "read from outside" in checks["05-attention"]["note"], checks["05-attention"]
     note = checks["05-compile-speedup"]["note"]
     assert "every timed call (fresh input each) within" in note and "(your 03 choice)" in note, note
     assert any("rung not measured" in p and "02" in p for p in verdict["problems"]), verdict["problems"]
 
 
-def test_05_break_even_finds_no_checker_to_read_in_its_worker(tmp_path, tiny_data):
+def test_05_break_even_finds_no_checker_to_read_in_its_worker_and_written_out_scores_show_outside(tmp_path, tiny_data):
     """A break_even_steps that searches every frame above it for the checker's numbers: in its
-    worker there is no checker to read, and its answers are wrong."""
+    worker there is no checker to read, and its answers are wrong. And an attention that is right
+    but writes out the L x L scores with its allocations hidden from torch's own counts (numpy):
+    the worker's memory, read from outside, shows them, and it fails that check alone."""
     code = COMPILE_05 + """
 
 import sys
 import time
+
+import numpy as np
+
+
+def attention(q, k, v, causal=False):
+    q64, k64, v64 = (t.double().numpy() for t in (q, k, v))
+    scores = q64 @ k64.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        scores = np.where(np.triu(np.ones(scores.shape[-2:], dtype=bool), 1), -np.inf, scores)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return torch.from_numpy(weights / weights.sum(-1, keepdims=True) @ v64).float()
 
 
 def break_even_steps(compile_s, eager_ms, compiled_ms):
@@ -581,6 +599,8 @@ def break_even_steps(compile_s, eager_ms, compiled_ms):
     verdict = judge(tmp_path, tiny_data, code, notebook="05")
     even = verdict["checks"]["05-break-even"]
     assert even["status"] == "fail" and "expected" in even["note"], even
+    held = verdict["checks"]["05-attention"]
+    assert held["status"] == "fail" and "read from outside" in held["note"] and "scores" in held["note"], held
 
 
 def test_05_a_compiled_model_that_remembers_its_first_answer_fails(tmp_path, tiny_data):

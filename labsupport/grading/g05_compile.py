@@ -5,6 +5,9 @@
   (nothing remembered from an earlier call answers it), and is faster where compiling pays. It
   infers in the student's own 03 precision (carried forward).
 - ``05-break-even``: the break-even formula is right on the compile time measured now.
+- ``05-attention``: the student's ``attention`` computes ``softmax(q kᵀ / √d) v`` (causal where
+  asked) on inputs the notebook never drew, and one call on a long sequence holds at most half the
+  bytes of the L x L scores it must not write out (read from outside its process on a CPU).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 from .. import hardware, measure
 from . import StudentCodeError, judge, register, speed, student
 from .g03_amp import asked_precision
-from .g05_worker import Here, Inference  # noqa: F401 (re-exported)
+from .g05_worker import AttentionRun, Here, Inference, attention_inputs  # noqa: F401 (re-exported)
 from .judge_setup import Judged, RemoteSides
 from .rungs import Recipe, Rung, measured
 
@@ -119,6 +122,69 @@ def _break_even_errors(answer, cases) -> list[str]:
     return wrong
 
 
+# --- 05-attention: attention without writing out the scores ----------------------------------
+
+# (batch, heads, length, head dim, seed, causal): inputs 05's cells never drew, compared with the
+# formula computed here in float64.
+ATTENTION_CASES = ((2, 3, 37, 16, 11, False), (1, 4, 64, 32, 12, True), (3, 2, 50, 8, 13, True))
+# One long sequence, whose float32 scores (batch x heads x L x L) would take 128 MiB: one call may
+# allocate at most ATTENTION_HELD of that at once. A blocked attention of 256 queries at a time
+# holds 1/8 of it (scores and their softmax); SDPA's kernels about 2 MiB beside the output.
+ATTENTION_LARGE = (2, 4, 2048, 32, 14)
+ATTENTION_HELD = 0.5
+
+
+def expected_attention(batch, heads, length, dim, seed, causal, block=256) -> torch.Tensor:
+    """softmax(q kᵀ / √d) v of the case's inputs (``attention_inputs``), in float64, 256 queries at a time."""
+    q, k, v = (t.double() for t in attention_inputs(batch, heads, length, dim, seed))
+    keys = torch.arange(length)
+    out = []
+    for start in range(0, length, block):
+        scores = q[..., start:start + block, :] @ k.transpose(-2, -1) / math.sqrt(dim)
+        if causal:
+            queries = torch.arange(start, min(start + block, length))[:, None]
+            scores = scores.masked_fill(keys[None, :] > queries, float("-inf"))
+        out.append(scores.softmax(-1) @ v)
+    return torch.cat(out, dim=-2).float()
+
+
+@register("05-attention")
+def attention(namespace, lab, sides=None):
+    """The student's ``attention`` is right on unseen inputs and never holds the L x L scores."""
+    student(namespace, "attention", "05")
+    sides = sides or Here(namespace, lab)
+    outputs = sides.attention([list(c) for c in ATTENTION_CASES])
+    wrong = [] if len(outputs) == len(ATTENTION_CASES) else [f"{len(outputs)} outputs for {len(ATTENTION_CASES)} cases"]
+    for (b, h, n, d, seed, causal), got in zip(ATTENTION_CASES, outputs):
+        err = _relative_error(got, expected_attention(b, h, n, d, seed, causal))
+        if not err <= 1e-3:
+            wrong.append(f"on q, k, v of shape {(b, h, n, d)}{' (causal)' if causal else ''} your attention "
+                         f"differs from softmax(q kᵀ / √d) v by {err:.2%} (relative L2; 0.1% allowed)")
+    b, h, n, d, seed = ATTENTION_LARGE
+    scores = b * h * n * n * 4
+    note = f"{len(ATTENTION_CASES)} cases compared with the formula in float64"
+    if not wrong:
+        run = sides.attention_run(list(ATTENTION_LARGE))
+        _, rest = sides.resident_peak("candidate", run.rest, lab.device)
+        allocated, peak = sides.resident_peak("candidate", run.run, lab.device)
+        err = _relative_error(run.output(), expected_attention(b, h, n, d, seed, False))
+        resident = None if peak is None or rest is None else max(peak - rest, 0)
+        held = max(float(allocated), float(resident or 0))
+        seen = (f"it allocated {allocated / 2**20:.0f} MiB" + (f" and its process grew by {resident / 2**20:.0f} MiB, "
+                "read from outside" if resident is not None else ""))
+        if not err <= 1e-3:
+            wrong.append(f"on a sequence of {n} your attention differs from the formula by {err:.2%}")
+        elif lab.device.type not in ("cpu", "cuda"):
+            note += f"; on {lab.device.type} what one call holds is not graded ({seen})"
+        elif held > ATTENTION_HELD * scores:
+            wrong.append(f"one call on q, k, v of shape {(b, h, n, d)} held {held / 2**20:.0f} MiB ({seen}), more "
+                         f"than {ATTENTION_HELD:g}x the {scores / 2**20:.0f} MiB of the L x L scores: they were "
+                         "written out (F.scaled_dot_product_attention computes them tile by tile)")
+        else:
+            note += f"; on a sequence of {n}, {seen}: the scores would take {scores / 2**20:.0f} MiB"
+    return [judge("05-attention", float(not wrong), lab, correct=not wrong, why_incorrect="; ".join(wrong), note=note)]
+
+
 from .g05_worker import RUNG  # noqa: E402,F401 (its rung is declared beside what its worker builds)
 
 
@@ -139,6 +205,25 @@ class RemoteInference:
         return self.held.infer(call=call)
 
 
+class RemoteAttention:
+    """05's :class:`~.g05_worker.AttentionRun`, held in the student's worker: each call a request."""
+
+    def __init__(self, held):
+        self.held = held
+
+    def rest(self) -> int:
+        return int(self.held.rest())
+
+    def run(self) -> float:
+        return float(self.held.run())
+
+    def output(self) -> torch.Tensor:
+        out = self.held.output()
+        if not isinstance(out, torch.Tensor):
+            raise ValueError("attention's worker answered something other than a tensor")
+        return out
+
+
 class Remote(RemoteSides):
     """05's judge side: each model held in its side's worker (:class:`~.g05_worker.Side`)."""
 
@@ -149,6 +234,17 @@ class Remote(RemoteSides):
     def precision(self):
         return asked_precision(self.sides)
 
+    def attention(self, cases) -> list[torch.Tensor]:
+        """The student's ``attention`` on each case's inputs, made in their worker: an output per case."""
+        reply = self.sides.ask("candidate", "attention", cases=cases)
+        outputs = reply.get("tensors")
+        if not isinstance(outputs, list) or not all(isinstance(t, torch.Tensor) for t in outputs):
+            raise ValueError("attention's worker answered something other than a tensor per case")
+        return outputs
+
+    def attention_run(self, case) -> RemoteAttention:
+        return RemoteAttention(self.sides.held("candidate", "attention_run", asked=AttentionRun.ASKED, case=case))
+
     def inference(self, side: str, dtype) -> RemoteInference:
         """The model on one batch in ``dtype``, in ``side``'s worker: eager for the baseline, as the
         student's ``compile_inference`` returned it for the candidate (its first call compiles)."""
@@ -156,5 +252,7 @@ class Remote(RemoteSides):
         return RemoteInference(self.sides.held(side, "inference", asked=Inference.ASKED, slow_asked=("cold",), dtype=name))
 
 
-# How the judge sets up 05's checks: eager inference in a worker of its own.
-JUDGED = Judged(baseline=True, compared=("05-compile-speedup",), remote=Remote)
+# How the judge sets up 05's checks: eager inference in a worker of its own; the long attention's
+# output (2 MiB) crosses whole.
+JUDGED = Judged(baseline=True, buffer_floor=2 * (2 * 4 * 2048 * 32 * 4) + 2**20, compared=("05-compile-speedup",),
+                remote=Remote)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from .. import measure, train
+from .. import measure, memory, train
 from . import StudentCodeError, carried, one_batch, student
 from .g03_worker import PRECISIONS, chosen_precision, precision
 from .rungs import Recipe, Rung, measured
@@ -85,6 +85,41 @@ class Inference:
         return self(None if call is None else int(call)).detach().float()
 
 
+def attention_inputs(batch: int, heads: int, length: int, dim: int, seed: int, device="cpu"):
+    """``q, k, v`` of one attention case, float32, drawn from ``seed`` on the CPU (the same in every
+    process), then moved to ``device``."""
+    g = torch.Generator().manual_seed(int(seed))
+    return [torch.randn(batch, heads, length, dim, generator=g).to(device) for _ in range(3)]
+
+
+class AttentionRun:
+    """The student's ``attention`` on one large case, held where it runs: its inputs made first, so
+    that what one call holds can be read on its own (:meth:`run`, then :meth:`output`)."""
+
+    ASKED = ("rest", "run", "output")
+
+    def __init__(self, fn, lab, case: list):
+        self.fn, self.lab = fn, lab
+        self.q, self.k, self.v = attention_inputs(*case, device=lab.device)
+        self.out: torch.Tensor | None = None
+
+    def rest(self) -> int:
+        """Nothing: the judge reads what the process holds at rest around this request."""
+        return 0
+
+    def run(self) -> float:
+        """One call, the bytes it allocated at its peak: the count and, on a CPU, c10's allocator (the
+        more of the two; on CUDA the caching allocator's peak beside the count)."""
+        def call():
+            with torch.no_grad():
+                self.out = self.fn(self.q, self.k, self.v, False)
+        report = memory.peak_step_bytes(call, self.lab.device, cpu_allocator=True)
+        return float(max(report.peak_bytes, report.allocator_peak_bytes or 0))
+
+    def output(self) -> torch.Tensor:
+        return torch.as_tensor(self.out).detach().float().cpu()
+
+
 class Here:
     """Both sides in this process, as the self-check runs them. The grader's judge passes its own
     (:class:`~.g05_compile.Remote`): each side in a worker, the other one stopped."""
@@ -102,6 +137,23 @@ class Here:
     def precision(self) -> tuple[torch.dtype | None, bool]:
         return precision(carried("03", self.lab).choose_precision, self.lab.machine)
 
+    def attention(self, cases) -> list[torch.Tensor]:
+        """The student's ``attention(q, k, v, causal)`` on each case's inputs (no grad), float32, on the CPU."""
+        fn = watched(student(self.namespace, "attention", "05"), "attention", "05")
+        outputs = []
+        for *shape, seed, causal in cases:
+            q, k, v = attention_inputs(*shape, seed, device=self.lab.device)
+            with torch.no_grad():
+                outputs.append(torch.as_tensor(fn(q, k, v, bool(causal))).detach().float().cpu())
+        return outputs
+
+    def attention_run(self, case) -> AttentionRun:
+        return AttentionRun(watched(student(self.namespace, "attention", "05"), "attention", "05"), self.lab, case)
+
+    def resident_peak(self, side: str, fn, device) -> tuple[object, None]:
+        """``fn()``: in one process there is no outside from which to read a side's memory."""
+        return fn(), None
+
     def inference(self, side: str, dtype: torch.dtype | None) -> Inference:
         fn = student(self.namespace, "compile_inference", "05") if side == "candidate" else None
         return Inference(self.lab, dtype, fn)
@@ -111,9 +163,10 @@ class Here:
 class Side:
     """05 in a worker: the model eager (the baseline's) or as the student's ``compile_inference``
     returned it, held for the judge to ask :data:`Inference.ASKED` of; the student's
-    ``break_even_steps`` on plain numbers; their 03 precision."""
+    ``break_even_steps`` on plain numbers; their 03 precision; their ``attention`` on the cases'
+    inputs, and on one large case held (:class:`AttentionRun`)."""
 
-    ASKED = ("inference", "break_even", "precision")
+    ASKED = ("inference", "break_even", "precision", "attention", "attention_run")
 
     def __init__(self, namespace: dict, lab, *, student: bool):
         self.here, self.student = Here(namespace, lab), student
@@ -135,6 +188,14 @@ class Side:
     def precision(self) -> dict:
         self._student("choose_precision")
         return chosen_precision(self.here.lab)
+
+    def attention(self, *, cases: list) -> list[torch.Tensor]:
+        self._student("attention")
+        return self.here.attention([[int(b), int(h), int(n), int(d), int(seed), bool(c)] for b, h, n, d, seed, c in cases])
+
+    def attention_run(self, *, case: list) -> AttentionRun:
+        self._student("attention")
+        return self.here.attention_run([int(x) for x in case])
 
 
 # --- 05's rung: their 03 step, compiled, fed by their loader -----------------------------------------

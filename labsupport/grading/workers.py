@@ -120,8 +120,10 @@ class Worker:
 
         def sample():
             pids, n = self._tree(), 0
-            while not stop.is_set():
+            while True:  # once at least, however short the request
                 peak[0] = max(peak[0], self._resident(pids))
+                if stop.is_set():
+                    break
                 n += 1
                 if n % 50 == 0:
                     pids = self._tree()
