@@ -24,19 +24,19 @@ run: $(STAMP)
 	$(PY) -m labsupport data
 	$(PY) -m autograder run
 
-# pytest-xdist, a worker per core, a test file per worker at a time (--dist loadgroup: a file is a
-# group), in the order tests/conftest.py gives (--no-loadscope-reorder; its LONGEST_FIRST, then the
-# rest by size, then test_checks and test_judge one test at a time): the instructor tests, which
-# grade the class once in a module fixture (the long pole), start first, the other files run beside
-# them, longest first, and the many short tests last, so that both workers end together. The tests marked `long` (the lab on other
-# ground: a Slurm cluster, a Colab stand-in, the real profile and dataset, a profile that grades
-# speed, DDP in two processes, the style families through the judge, Inductor building the
-# training step, a judge with no cgroup to freeze) run in `make test-long`; CI (.ci/run) runs both.
+# pytest-xdist, a worker per core, a test file per worker at a time (--dist loadfile), in the order
+# tests/conftest.py gives (--no-loadscope-reorder; its LONGEST_FIRST, then the rest by size): the
+# instructor tests, which grade the class once in a module fixture (the long pole), start first,
+# the other files run beside them, longest first, and the short files last, so that both workers
+# end together. The tests marked `long` (the lab on other ground: a Slurm cluster, a Colab
+# stand-in, the real profile and dataset, a profile that grades speed, DDP in two processes, the
+# style families through the judge, Inductor building the training step, a judge with no cgroup to
+# freeze) run in `make test-long`; CI (.ci/run) runs both.
 test: $(STAMP) browser sandbox slurm
-	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder -m "not long"
+	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder -m "not long"
 
 test-long: $(STAMP) browser sandbox slurm
-	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder -m long
+	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder -m long
 
 # The HTML report's test renders it in Debian's chromium. Install it when we can (root, apt); the
 # test skips visibly, saying how to install it, where we cannot.

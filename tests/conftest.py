@@ -24,37 +24,31 @@ from labsupport.hardware import PROFILES  # noqa: E402
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was imported before this file
 
 
-# The order make test hands the tests to its two workers (pytest-xdist, --dist loadgroup
-# --no-loadscope-reorder: the next unit to whichever worker frees up first). A unit is a whole file
-# (its module fixtures built once), except in SPREAD's files, whose tests go one at a time. The
-# instructor tests first: their fixture grades the class, the long pole, on one worker. Beside
-# them the files of the longest single tests, then every other file, the largest first (its size
-# standing in for its time: a new test file needs no entry here), and SPREAD's tests last, many of
-# 5-50 s each, so that both workers end together. With a file per unit to the end (--dist
-# loadfile), one worker ran its last file alone for the last minutes while the other core idled a
-# third of that time (vmstat, ci6); before that, xdist's own order (most tests first) had left the
-# real-profile test to run last on one core while the other core idled for 113 s.
-LONGEST_FIRST = ("test_instructor.py", "test_stopped.py", "test_real_profile.py", "test_dataset.py", "test_train.py",
-                 "test_student.py", "test_grading.py", "test_distributed.py", "test_unbatched.py")
-SPREAD = ("test_checks.py", "test_judge.py")
+# The order make test hands the test files to its two workers (pytest-xdist, --dist loadfile
+# --no-loadscope-reorder: a file per worker at a time, the next file to whichever worker frees up
+# first). The instructor tests first: their fixture grades the class, the long pole, on one worker.
+# Beside them the two files of many tests (test_judge, about 580 s; test_checks, about 430 s), then
+# the files of the longest single tests, then every other file, the largest first (its size standing
+# in for its time: a new test file needs no entry here), so that the last files to start are short
+# and both workers end together. With test_judge handed out after the others (ci6), one worker ran
+# it alone for the last minutes while the other core idled a third of that time (vmstat); before
+# that, xdist's own order (most tests first) had left the real-profile test to run last on one core
+# while the other core idled for 113 s. (--dist loadgroup could spread test_judge a test at a time,
+# but xdist 3.8 names a test's group in a field pytest 9.2 no longer reads: its groups do nothing.)
+LONGEST_FIRST = ("test_instructor.py", "test_judge.py", "test_checks.py", "test_real_profile.py", "test_stopped.py",
+                 "test_dataset.py", "test_train.py", "test_student.py", "test_grading.py", "test_distributed.py",
+                 "test_unbatched.py")
 
 
 def file_rank(path: Path) -> tuple[int, int]:
-    """Where a test file runs in make test's order: LONGEST_FIRST's files in theirs, then the rest
-    by size, then SPREAD's in theirs."""
+    """Where a test file runs in make test's order: LONGEST_FIRST's files in theirs, then the rest by size."""
     if path.name in LONGEST_FIRST:
         return LONGEST_FIRST.index(path.name), 0
-    if path.name in SPREAD:
-        return len(LONGEST_FIRST) + 1, SPREAD.index(path.name)
     return len(LONGEST_FIRST), -path.stat().st_size
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist names each test's group after its marks
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: file_rank(item.path))  # stable: a file's own order kept
-    for item in items:
-        if item.path.name not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 @pytest.fixture(scope="session")

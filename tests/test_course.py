@@ -102,19 +102,16 @@ def test_only_a_missed_speed_or_memory_bar_counts_as_information():
 
 def test_make_tests_file_order_starts_with_the_longest_files_and_needs_no_entry_for_a_new_one():
     """make test hands the test files to its workers longest first: conftest's LONGEST_FIRST, which
-    names only files that exist, then every other file, the largest first, then SPREAD's files,
-    whose tests go one at a time."""
+    names only files that exist, then every other file, the largest first."""
     from pathlib import Path
 
     import conftest
 
     paths = sorted(Path(conftest.__file__).parent.glob("test_*.py"))
-    named = set(conftest.LONGEST_FIRST) | set(conftest.SPREAD)
-    assert named <= {p.name for p in paths}, "LONGEST_FIRST or SPREAD names a file that is gone"
+    assert set(conftest.LONGEST_FIRST) <= {p.name for p in paths}, "LONGEST_FIRST names a file that is gone"
     order = [p.name for p in sorted(paths, key=conftest.file_rank)]
     assert order[:len(conftest.LONGEST_FIRST)] == list(conftest.LONGEST_FIRST)
-    assert order[-len(conftest.SPREAD):] == list(conftest.SPREAD)
-    rest = [p for p in sorted(paths, key=conftest.file_rank) if p.name not in named]
+    rest = [p for p in sorted(paths, key=conftest.file_rank) if p.name not in conftest.LONGEST_FIRST]
     assert [p.stat().st_size for p in rest] == sorted((p.stat().st_size for p in rest), reverse=True)
 
 
