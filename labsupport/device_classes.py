@@ -47,6 +47,11 @@ class Profile:
     steps_per_round: int  # steps each side runs in one round of a paired comparison
     train_steps: int  # steps of the short training run that checks accuracy parity
     grades_speed: bool = True  # False for profiles too small for a speedup to mean anything
+    # The torch.compile backend of the lab's own compiled rung (05's +compile, 06's pipeline where
+    # compiled). "aot_eager" at the tiny profile: Dynamo and AOTAutograd trace the student's step
+    # as Inductor's would, without building it in C++ (2.8 s against 32.5 s for ResNet-18's
+    # training step at 32 px, 2 cores); tiny grades no speed, so nothing measured depends on it.
+    compile_backend: str = "inductor"
 
 
 # Why these sizes: on 2 cores of an Intel CPU with AMX (one of the 2-core machines the lab was
@@ -76,7 +81,8 @@ PROFILES: dict[str, Profile] = {
         Profile("cpu", image_size=64, batch_size=32, warmup_steps=2,
                 measure_steps=8, rounds=5, steps_per_round=3, train_steps=150),
         Profile("tiny", image_size=32, batch_size=8, warmup_steps=1,
-                measure_steps=3, rounds=3, steps_per_round=1, train_steps=20, grades_speed=False),
+                measure_steps=3, rounds=3, steps_per_round=1, train_steps=20, grades_speed=False,
+                compile_backend="aot_eager"),
     )
 }
 
@@ -223,7 +229,8 @@ def profile_for(default: str, override: str | None = None) -> Profile:
         if key not in editable:
             raise ValueError(f"LAB_PROFILE: {key!r} is not a profile field; fields are "
                              f"{', '.join(editable)}.")
-        changes[key] = value.lower() in ("1", "true", "yes") if key == "grades_speed" else int(value)
+        changes[key] = (value.lower() in ("1", "true", "yes") if key == "grades_speed" else
+                        value if key == "compile_backend" else int(value))
     if changes:
         # An edited profile is no longer the class's reference scale: name it so results say so.
         changes["name"] = f"{name}:" + ",".join(f"{k}={v}" for k, v in changes.items())

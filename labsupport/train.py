@@ -36,6 +36,7 @@ class StepConfig:
     batch_size: int | None = None  # images per optimizer step, where it differs from the profile's
     compiled: bool = False  # torch.compile the network (not named `compile`: that is a builtin)
     compile_mode: str = "default"  # torch.compile mode: "default", "reduce-overhead", ...
+    compile_backend: str = "inductor"  # torch.compile backend (the tiny profile's rungs: "aot_eager")
     lr: float = 0.02  # SGD learning rate (0.05 spiked early: 65% vs 75% val acc after 120 steps)
     momentum: float = 0.9  # SGD momentum
 
@@ -122,8 +123,9 @@ class TrainStep:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr,
                                          momentum=config.momentum)
         net = self.model if net is None else net
-        if config.compiled:
-            net = torch.compile(net, mode=config.compile_mode)
+        if config.compiled:  # a mode is Inductor's: another backend takes none
+            net = (torch.compile(net, mode=config.compile_mode) if config.compile_backend == "inductor"
+                   else torch.compile(net, backend=config.compile_backend))
         self.net = net  # what forward calls; self.model keeps the plain parameters
         self.update = update
         self.dtype = getattr(torch, config.amp_dtype) if config.amp_dtype else None

@@ -61,7 +61,9 @@ class Recipe:
     def build(self, lab, *, seed: int | None = None) -> tuple[object, train.TrainStep]:
         """``(loader, step)`` at ``lab``: a fresh seeded ResNet-18 (``seed``, else the lab's)."""
         loader = self.loader(lab)
-        return loader, train.make_step(self.config, lab.device, seed=lab.seed if seed is None else seed,
+        config = dataclasses.replace(self.config, compile_backend=lab.profile.compile_backend) \
+            if self.config.compiled else self.config
+        return loader, train.make_step(config, lab.device, seed=lab.seed if seed is None else seed,
                                        update=self.update, wrap=self.wrap)
 
 
