@@ -901,12 +901,14 @@ def _blocked(q, k, v, causal=False):
     (lambda q, k, v, causal=False: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
      "pass", "the scores would take 128 MiB"),
     (_blocked, "pass", "the scores would take 128 MiB"),
+    (lambda q, k, v, *, causal=False: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
+     "pass", "the scores would take 128 MiB"),  # causal keyword-only: another style, full marks
     (_by_hand, "fail", "held"),  # right, but the L x L scores written out
     (lambda q, k, v, causal=False: _by_hand(q, k, v, causal, scale=False), "fail", "differs"),
     (lambda q, k, v, causal=False: _by_hand(q, k, v, causal, mask=False), "fail", "(causal)"),
     (lambda q, k, v, causal=False: (q + k + v)[..., :0], "fail", "differs"),
     (lambda q, k, v, causal=False: 1 / 0, "fail", "ZeroDivisionError"),
-], ids=["sdpa", "blocked", "scores-written-out", "no-scale", "no-mask", "wrong-shape", "raises"])
+], ids=["sdpa", "blocked", "keyword-only-causal", "scores-written-out", "no-scale", "no-mask", "wrong-shape", "raises"])
 def test_05_attention_is_right_on_unseen_inputs_and_holds_no_scores(answer, status, said):
     """05-attention: the formula on inputs 05 never drew, causal and not, then one call at L = 2048
     that may hold at most half the scores' 128 MiB: SDPA and a blocked attention pass, each wrong

@@ -92,6 +92,15 @@ def attention_inputs(batch: int, heads: int, length: int, dim: int, seed: int, d
     return [torch.randn(batch, heads, length, dim, generator=g).to(device) for _ in range(3)]
 
 
+def call_attention(fn, q, k, v, causal: bool):
+    """The student's ``attention(q, k, v, causal)`` as 05's cell declares it, whatever they named
+    its last argument, or with ``causal`` keyword-only."""
+    try:
+        return fn(q, k, v, causal)
+    except TypeError:
+        return fn(q, k, v, causal=causal)
+
+
 class AttentionRun:
     """The student's ``attention`` on one large case, held where it runs: its inputs made first, so
     that what one call holds can be read on its own (:meth:`run`, then :meth:`output`)."""
@@ -112,7 +121,7 @@ class AttentionRun:
         more of the two; on CUDA the caching allocator's peak beside the count)."""
         def call():
             with torch.no_grad():
-                self.out = self.fn(self.q, self.k, self.v, False)
+                self.out = call_attention(self.fn, self.q, self.k, self.v, False)
         report = memory.peak_step_bytes(call, self.lab.device, cpu_allocator=True)
         return float(max(report.peak_bytes, report.allocator_peak_bytes or 0))
 
@@ -144,7 +153,7 @@ class Here:
         for *shape, seed, causal in cases:
             q, k, v = attention_inputs(*shape, seed, device=self.lab.device)
             with torch.no_grad():
-                outputs.append(torch.as_tensor(fn(q, k, v, bool(causal))).detach().float().cpu())
+                outputs.append(torch.as_tensor(call_attention(fn, q, k, v, bool(causal))).detach().float().cpu())
         return outputs
 
     def attention_run(self, case) -> AttentionRun:
