@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import tempfile
 import threading
 import time
 
@@ -172,13 +173,17 @@ def test_the_grader_connects_only_to_sockets_the_sandbox_user_bound(tmp_path):
         roots.close()
 
 
-def test_a_channel_that_is_a_link_when_the_kernel_starts_fails_its_notebook_alone(tmp_path):
+def test_a_channel_that_is_a_link_when_the_kernel_starts_fails_its_notebook_alone(tmp_path, monkeypatch):
     """A link at a channel's name when the kernel starts (as a sandboxed process could leave one):
     the grader connects neither to it nor through it, stops the kernel, keeps no descriptor or
-    link of its own, and the notebook fails with a message that names the channel."""
+    link of its own, and the notebook fails with a message that names the channel. Its links go in
+    a folder of this test's own: the shared one also holds the links of kernels other tests start
+    meanwhile (make test's other worker)."""
     outside = tmp_path / "outside"
     outside.mkdir()
     listener = Listener(outside / "listener.sock")
+    mine = tempfile.mkdtemp(prefix="t-", dir=kernel.LINKS_IN)  # short: a link's path holds at most 107 bytes
+    monkeypatch.setattr(kernel, "LINKS_IN", mine)
     links = set(os.listdir(kernel.LINKS_IN))
     try:
         nb, seconds, error = execute(tmp_path, "print('never')", timeout_s=10, links={"kernel-5": listener.path})
@@ -188,7 +193,8 @@ def test_a_channel_that_is_a_link_when_the_kernel_starts_fails_its_notebook_alon
     assert listener.uids == [], f"the grader connected to the kernel's link {len(listener.uids)} times"
     assert "the kernel's hb channel: kernel-5 is not a socket the sandbox bound (a link" in str(error), error
     assert nb.cells[0].outputs == [] and seconds < 60, (nb.cells[0].outputs, seconds)
-    assert set(os.listdir(kernel.LINKS_IN)) == links
+    assert set(os.listdir(kernel.LINKS_IN)) == links == set()
+    os.rmdir(mine)
     run = str(tmp_path / "work" / "run")
     held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
             if os.path.exists(f"/proc/self/fd/{fd}")]
